@@ -1,0 +1,561 @@
+//! The actor cell: state, mailbox, scheduling flag, and the run loop that drives it.
+//!
+//! Scheduling: `sched` is `IDLE` while no task runs the actor. Whoever queues work and wins the
+//! `IDLE -> SCHEDULED` exchange spawns one run task. The run task takes the [`RunState`] out of
+//! its slot, handles messages in batches, and on an empty mailbox puts the state back, stores
+//! `IDLE` and checks the mailbox once more (a sender that queued meanwhile saw `SCHEDULED` and
+//! did not spawn, so the run task must look again). `TERMINATED` is final.
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use futures_util::FutureExt;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::actor::{Actor, ActorError, ActorId, StopReason, Terminated, Termination};
+use crate::context::Context;
+use crate::dead_letters::DeadReason;
+use crate::error::TellError;
+use crate::mailbox::{Envelope, Mailbox, Pushed, SystemMessage};
+use crate::props::{ActorSettings, Factory, Props};
+use crate::supervision::{RestartWindow, SupervisorStrategy};
+use crate::system::SystemShared;
+
+const IDLE: u8 = 0;
+const SCHEDULED: u8 = 1;
+const TERMINATED: u8 = 2;
+
+pub(crate) type WatchNotify = Box<dyn FnOnce(&Terminated) + Send>;
+
+/// The type-erased face of a cell: what parents, watchers and the system need.
+pub(crate) trait CellHandle: Send + Sync + 'static {
+    fn id(&self) -> ActorId;
+    fn name(&self) -> Option<&Arc<str>>;
+    fn send_system(&self, msg: SystemMessage);
+    /// Registers `notify` to run once when this actor terminates (at once if it already has).
+    fn add_watcher(&self, watcher: ActorId, notify: WatchNotify);
+    fn remove_watcher(&self, watcher: ActorId);
+    fn remove_child(&self, child: ActorId);
+    fn is_terminated(&self) -> bool;
+}
+
+/// The typed face of a cell, behind [`ActorRef`](crate::ActorRef).
+pub(crate) trait RefTarget<M>: CellHandle {
+    fn try_tell(&self, msg: M) -> Result<(), TellError<M>>;
+    fn graceful_stop(&self);
+    fn space(&self) -> Option<&Notify>;
+    fn system(&self) -> &Arc<SystemShared>;
+}
+
+pub(crate) enum Parent {
+    System,
+    Actor(Weak<dyn CellHandle>),
+}
+
+/// Bookkeeping most actors never touch; allocated on first use.
+#[derive(Default)]
+pub(crate) struct Extras {
+    pub(crate) terminated: Option<Terminated>,
+    pub(crate) stopping: bool,
+    pub(crate) watchers: Vec<(ActorId, WatchNotify)>,
+    pub(crate) watching: Vec<(ActorId, Weak<dyn CellHandle>)>,
+    pub(crate) children: HashMap<ActorId, Arc<dyn CellHandle>>,
+    pub(crate) timers: HashMap<u64, tokio::task::AbortHandle>,
+    pub(crate) next_timer: u64,
+}
+
+/// What the run task owns while it runs; parked in the cell between turns.
+pub(crate) struct RunState<A: Actor> {
+    actor: Option<A>,
+    factory: Factory<A>,
+    restarts: RestartWindow,
+    started: bool,
+}
+
+pub(crate) struct Cell<A: Actor> {
+    pub(crate) id: ActorId,
+    pub(crate) name: Option<Arc<str>>,
+    me: Weak<Cell<A>>,
+    pub(crate) system: Arc<SystemShared>,
+    parent: Parent,
+    sched: AtomicU8,
+    pub(crate) mailbox: Mailbox<A::Msg>,
+    run: Mutex<Option<Box<RunState<A>>>>,
+    settings: Arc<ActorSettings<A::Msg>>,
+    extras: Mutex<Option<Box<Extras>>>,
+}
+
+impl<A: Actor> Cell<A> {
+    /// Creates the cell and schedules its first turn (which runs `started`).
+    pub(crate) fn spawn(system: &Arc<SystemShared>, parent: Parent, props: Props<A>) -> Arc<Self> {
+        let id = system.next_id();
+        let cell = Arc::new_cyclic(|me| Cell {
+            id,
+            name: props.name,
+            me: me.clone(),
+            system: system.clone(),
+            parent,
+            sched: AtomicU8::new(SCHEDULED),
+            mailbox: Mailbox::new(&props.settings.mailbox),
+            run: Mutex::new(None),
+            settings: props.settings,
+            extras: Mutex::new(None),
+        });
+        let state = Box::new(RunState {
+            actor: None,
+            factory: props.factory,
+            restarts: RestartWindow::default(),
+            started: false,
+        });
+        *cell.run.lock() = Some(state);
+        system.actor_started();
+        system.runtime.spawn(run(cell.clone()));
+        cell
+    }
+
+    #[inline]
+    fn schedule(&self) {
+        if self.sched.load(Ordering::Acquire) == IDLE
+            && self
+                .sched
+                .compare_exchange(IDLE, SCHEDULED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            if let Some(cell) = self.me.upgrade() {
+                self.system.runtime.spawn(run(cell));
+            }
+        }
+    }
+
+    pub(crate) fn with_extras<T>(&self, f: impl FnOnce(&mut Extras) -> T) -> T {
+        let mut guard = self.extras.lock();
+        f(guard.get_or_insert_with(Default::default))
+    }
+
+    fn label(&self) -> String {
+        match &self.name {
+            Some(n) => format!("{n} ({})", self.id),
+            None => format!("{} <{}>", self.id, short_type_name::<A>()),
+        }
+    }
+
+    pub(crate) fn dead_letter(&self, reason: DeadReason) {
+        self.system.dead_letters.record(
+            &self.system.name,
+            &self.label(),
+            std::any::type_name::<A::Msg>(),
+            reason,
+        );
+    }
+
+    pub(crate) fn add_child(&self, child: Arc<dyn CellHandle>) -> bool {
+        self.with_extras(|x| {
+            if x.stopping || x.terminated.is_some() {
+                false
+            } else {
+                x.children.insert(child.id(), child);
+                true
+            }
+        })
+    }
+}
+
+fn short_type_name<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    full.rsplit("::").next().unwrap_or(full)
+}
+
+impl<A: Actor> CellHandle for Cell<A> {
+    fn id(&self) -> ActorId {
+        self.id
+    }
+
+    fn name(&self) -> Option<&Arc<str>> {
+        self.name.as_ref()
+    }
+
+    fn send_system(&self, msg: SystemMessage) {
+        if self.mailbox.push_system(msg) {
+            self.schedule();
+        }
+    }
+
+    fn add_watcher(&self, watcher: ActorId, notify: WatchNotify) {
+        let already = {
+            let mut guard = self.extras.lock();
+            let x = guard.get_or_insert_with(Default::default);
+            match &x.terminated {
+                Some(t) => Some((t.clone(), notify)),
+                None => {
+                    x.watchers.push((watcher, notify));
+                    None
+                }
+            }
+        };
+        if let Some((t, notify)) = already {
+            notify(&t);
+        }
+    }
+
+    fn remove_watcher(&self, watcher: ActorId) {
+        if let Some(x) = self.extras.lock().as_mut() {
+            x.watchers.retain(|(w, _)| *w != watcher);
+        }
+    }
+
+    fn remove_child(&self, child: ActorId) {
+        if let Some(x) = self.extras.lock().as_mut() {
+            x.children.remove(&child);
+        }
+    }
+
+    fn is_terminated(&self) -> bool {
+        self.sched.load(Ordering::Acquire) == TERMINATED
+    }
+}
+
+impl<A: Actor> RefTarget<A::Msg> for Cell<A> {
+    #[inline]
+    fn try_tell(&self, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
+        let pushed = self.mailbox.push(msg)?;
+        self.schedule();
+        if let Pushed::DroppedOldest(old) = pushed {
+            drop(old);
+            self.dead_letter(DeadReason::MailboxFull);
+        }
+        Ok(())
+    }
+
+    fn graceful_stop(&self) {
+        if self.mailbox.push_graceful_stop() {
+            self.schedule();
+        }
+    }
+
+    fn space(&self) -> Option<&Notify> {
+        self.mailbox.space()
+    }
+
+    fn system(&self) -> &Arc<SystemShared> {
+        &self.system
+    }
+}
+
+/// Outcome of a supervised call.
+type Guarded = Result<(), String>;
+
+async fn guarded<F: std::future::Future<Output = Result<(), ActorError>>>(fut: F) -> Guarded {
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(format!("panicked: {}", panic_message(&*panic))),
+    }
+}
+
+pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
+enum Decision {
+    Resume,
+    Restart(std::time::Duration),
+    Stop(String),
+}
+
+impl<A: Actor> Cell<A> {
+    fn decide(&self, st: &mut RunState<A>, error: String) -> Decision {
+        match &self.settings.supervisor {
+            SupervisorStrategy::Stop => {
+                tracing::warn!(actor = %self.label(), %error, "actor failed; stopping it");
+                Decision::Stop(error)
+            }
+            SupervisorStrategy::Resume => {
+                tracing::warn!(actor = %self.label(), %error, "actor failed; resuming with the next message");
+                Decision::Resume
+            }
+            SupervisorStrategy::Restart(policy) => match st.restarts.on_failure(policy, Instant::now()) {
+                Some(backoff) => {
+                    tracing::warn!(actor = %self.label(), %error, ?backoff, "actor failed; restarting it");
+                    metrics::counter!("shardik_actor_restarts_total").increment(1);
+                    Decision::Restart(backoff)
+                }
+                None => {
+                    tracing::error!(
+                        actor = %self.label(), %error,
+                        max_restarts = policy.max_restarts, within = ?policy.within,
+                        "actor failed too often; stopping it"
+                    );
+                    Decision::Stop(format!(
+                        "restart limit of {} within {:?} reached; last failure: {error}",
+                        policy.max_restarts, policy.within
+                    ))
+                }
+            },
+        }
+    }
+
+    /// Creates an instance and runs `started`, restarting per strategy. Err = must stop.
+    async fn start_incarnation(&self, st: &mut RunState<A>, ctx: &mut Context<A>) -> Result<(), String> {
+        loop {
+            let made = std::panic::catch_unwind(AssertUnwindSafe(|| (st.factory)()));
+            let actor = match made {
+                Ok(Some(actor)) => actor,
+                Ok(None) => {
+                    return Err(
+                        "the actor cannot be recreated: it was spawned from an instance, not a factory"
+                            .into(),
+                    )
+                }
+                Err(panic) => {
+                    let error = format!("factory panicked: {}", panic_message(&*panic));
+                    match self.decide(st, error) {
+                        Decision::Restart(backoff) => {
+                            sleep_if(backoff).await;
+                            continue;
+                        }
+                        Decision::Resume | Decision::Stop(_) => {
+                            return Err("the actor factory panicked".into())
+                        }
+                    }
+                }
+            };
+            let actor = st.actor.insert(actor);
+            match guarded(actor.started(ctx)).await {
+                Ok(()) => return Ok(()),
+                Err(error) => match self.decide(st, format!("started hook failed: {error}")) {
+                    Decision::Resume => return Ok(()),
+                    Decision::Restart(backoff) => {
+                        st.actor = None;
+                        sleep_if(backoff).await;
+                    }
+                    Decision::Stop(reason) => return Err(reason),
+                },
+            }
+        }
+    }
+
+    /// Handles a failure of `handle` or `terminated`. Err = must stop.
+    async fn on_failure(&self, st: &mut RunState<A>, ctx: &mut Context<A>, error: String) -> Result<(), String> {
+        match self.decide(st, error) {
+            Decision::Resume => Ok(()),
+            Decision::Stop(reason) => Err(reason),
+            Decision::Restart(backoff) => {
+                st.actor = None;
+                sleep_if(backoff).await;
+                self.start_incarnation(st, ctx).await
+            }
+        }
+    }
+
+    /// The stop sequence: close the mailbox, cancel timers, stop and await children, run
+    /// `stopped`, mark terminated, hand over undelivered messages, notify watchers.
+    async fn finish(
+        self: &Arc<Self>,
+        mut st: Box<RunState<A>>,
+        ctx: &mut Context<A>,
+        batch: VecDeque<Envelope<A::Msg>>,
+        reason: StopReason,
+    ) {
+        let mut undelivered: Vec<A::Msg> = batch
+            .into_iter()
+            .filter_map(|e| match e {
+                Envelope::User(m) => Some(m),
+                Envelope::GracefulStop => None,
+            })
+            .collect();
+        undelivered.extend(self.mailbox.close());
+
+        let (children, watching) = self.with_extras(|x| {
+            x.stopping = true;
+            for (_, timer) in x.timers.drain() {
+                timer.abort();
+            }
+            (
+                std::mem::take(&mut x.children),
+                std::mem::take(&mut x.watching),
+            )
+        });
+        for (_, target) in watching {
+            if let Some(target) = target.upgrade() {
+                target.remove_watcher(self.id);
+            }
+        }
+        if !children.is_empty() {
+            let mut waits = Vec::with_capacity(children.len());
+            for child in children.values() {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                child.add_watcher(
+                    self.id,
+                    Box::new(move |_| {
+                        let _ = tx.send(());
+                    }),
+                );
+                child.send_system(SystemMessage::Stop);
+                waits.push(rx);
+            }
+            for rx in waits {
+                let _ = rx.await;
+            }
+        }
+        if let Some(actor) = st.actor.as_mut() {
+            let res = AssertUnwindSafe(actor.stopped(ctx)).catch_unwind().await;
+            if let Err(panic) = res {
+                tracing::error!(actor = %self.label(), panic = %panic_message(&*panic), "stopped hook panicked");
+            }
+        }
+        drop(st);
+
+        let terminated = Terminated {
+            id: self.id,
+            name: self.name.clone(),
+            reason: reason.clone(),
+        };
+        let watchers = self.with_extras(|x| {
+            x.terminated = Some(terminated.clone());
+            std::mem::take(&mut x.watchers)
+        });
+        self.sched.store(TERMINATED, Ordering::Release);
+        match &self.parent {
+            Parent::System => self.system.remove_top_level(self.id),
+            Parent::Actor(parent) => {
+                if let Some(parent) = parent.upgrade() {
+                    parent.remove_child(self.id);
+                }
+            }
+        }
+        match &self.settings.on_termination {
+            Some(hook) => hook(Termination {
+                id: self.id,
+                name: self.name.clone(),
+                reason,
+                undelivered,
+            }),
+            None => {
+                for msg in undelivered {
+                    drop(msg);
+                    self.dead_letter(DeadReason::UnhandledAtStop);
+                }
+            }
+        }
+        for (_, notify) in watchers {
+            notify(&terminated);
+        }
+        self.system.actor_stopped();
+    }
+}
+
+async fn sleep_if(d: std::time::Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// One scheduling of an actor: runs until its mailbox is empty or it stops.
+async fn run<A: Actor>(cell: Arc<Cell<A>>) {
+    let Some(mut st) = cell.run.lock().take() else {
+        debug_assert!(false, "run state missing while scheduled");
+        return;
+    };
+    let mut ctx = Context::new(cell.clone());
+    let mut batch: VecDeque<Envelope<A::Msg>> = VecDeque::new();
+    if !st.started {
+        st.started = true;
+        if let Err(reason) = cell.start_incarnation(&mut st, &mut ctx).await {
+            cell.finish(st, &mut ctx, batch, StopReason::Failed(reason)).await;
+            return;
+        }
+    }
+    let throughput = cell.settings.throughput;
+    loop {
+        let mut budget = throughput;
+        loop {
+            if cell.mailbox.system_pending() {
+                for sys in cell.mailbox.take_system() {
+                    match sys {
+                        SystemMessage::Stop => {
+                            cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
+                            return;
+                        }
+                        SystemMessage::Terminated(t) => {
+                            let Some(actor) = st.actor.as_mut() else { continue };
+                            if let Err(error) = guarded(actor.terminated(&mut ctx, t)).await {
+                                if let Err(reason) = cell.on_failure(&mut st, &mut ctx, error).await {
+                                    cell.finish(st, &mut ctx, batch, StopReason::Failed(reason)).await;
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if ctx.stop_requested() {
+                cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
+                return;
+            }
+            let envelope = match batch.pop_front() {
+                Some(e) => e,
+                None => {
+                    if cell.mailbox.take_batch(&mut batch) {
+                        continue;
+                    }
+                    break;
+                }
+            };
+            match envelope {
+                Envelope::GracefulStop => {
+                    cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
+                    return;
+                }
+                Envelope::User(msg) => {
+                    let Some(actor) = st.actor.as_mut() else {
+                        debug_assert!(false, "no instance while running");
+                        continue;
+                    };
+                    if let Err(error) = guarded(actor.handle(msg, &mut ctx)).await {
+                        if let Err(reason) = cell.on_failure(&mut st, &mut ctx, error).await {
+                            cell.finish(st, &mut ctx, batch, StopReason::Failed(reason)).await;
+                            return;
+                        }
+                    }
+                }
+            }
+            budget -= 1;
+            if budget == 0 {
+                budget = throughput;
+                tokio::task::yield_now().await;
+            }
+        }
+        if ctx.stop_requested() {
+            cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
+            return;
+        }
+        // Mailbox empty: park the state and go idle, then look once more (see module docs).
+        cell.mailbox.release_spare();
+        *cell.run.lock() = Some(st);
+        cell.sched.store(IDLE, Ordering::SeqCst);
+        if cell.mailbox.has_work()
+            && cell
+                .sched
+                .compare_exchange(IDLE, SCHEDULED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            match cell.run.lock().take() {
+                Some(s) => st = s,
+                None => return,
+            }
+            continue;
+        }
+        return;
+    }
+}

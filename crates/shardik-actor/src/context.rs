@@ -1,0 +1,170 @@
+//! [`Context`]: what a handler can do besides changing its own state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::actor::{Actor, ActorId, Terminated};
+use crate::actor_ref::ActorRef;
+use crate::cell::{Cell, CellHandle, Parent};
+use crate::mailbox::SystemMessage;
+use crate::props::Props;
+use crate::system::ActorSystem;
+
+/// Identifies a timer started with [`Context::schedule_once`] or
+/// [`Context::schedule_periodic`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TimerId(u64);
+
+/// The actor's view of the runtime, passed to every handler and hook.
+pub struct Context<A: Actor> {
+    cell: Arc<Cell<A>>,
+    stop: bool,
+}
+
+impl<A: Actor> Context<A> {
+    pub(crate) fn new(cell: Arc<Cell<A>>) -> Self {
+        Context { cell, stop: false }
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop
+    }
+
+    /// A reference to this actor, to hand out or to send to itself.
+    pub fn myself(&self) -> ActorRef<A::Msg> {
+        ActorRef::from_cell(self.cell.clone())
+    }
+
+    /// This actor's id.
+    pub fn id(&self) -> ActorId {
+        self.cell.id
+    }
+
+    /// This actor's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.cell.name.as_deref()
+    }
+
+    /// The system this actor runs in.
+    pub fn system(&self) -> ActorSystem {
+        ActorSystem::from_shared(self.cell.system.clone())
+    }
+
+    /// Stops this actor once the current handler returns. Messages still queued are not handled:
+    /// they go to the termination hook, or are counted as dead letters.
+    pub fn stop(&mut self) {
+        self.stop = true;
+    }
+
+    /// Spawns a child actor. Children stop before their parent's
+    /// [`stopped`](Actor::stopped) hook runs. A child spawned while its parent is stopping is
+    /// stopped at once.
+    pub fn spawn<C: Actor>(&mut self, props: Props<C>) -> ActorRef<C::Msg> {
+        let parent: Arc<dyn CellHandle> = self.cell.clone();
+        let child = Cell::spawn(&self.cell.system, Parent::Actor(Arc::downgrade(&parent)), props);
+        if !self.cell.add_child(child.clone()) {
+            child.send_system(SystemMessage::Stop);
+        }
+        ActorRef::from_cell(child)
+    }
+
+    /// Watches `other`: when it terminates (or at once, if it already has), this actor's
+    /// [`Actor::terminated`] hook runs with a [`Terminated`] notice, as a system message that
+    /// overtakes queued user messages. Watching stops when this actor stops.
+    pub fn watch<T: Send + 'static>(&mut self, other: &ActorRef<T>) {
+        let me = Arc::downgrade(&self.cell);
+        self.register_watch(
+            other,
+            Box::new(move |t: &Terminated| {
+                if let Some(cell) = me.upgrade() {
+                    cell.send_system(SystemMessage::Terminated(t.clone()));
+                }
+            }),
+        );
+    }
+
+    /// Watches `other` and receives `msg` as an ordinary user message when it terminates.
+    pub fn watch_with<T: Send + 'static>(&mut self, other: &ActorRef<T>, msg: A::Msg) {
+        let me = self.myself();
+        self.register_watch(other, Box::new(move |_| me.tell(msg)));
+    }
+
+    /// Stops watching `other`; no notice is delivered after this returns.
+    pub fn unwatch<T: Send + 'static>(&mut self, other: &ActorRef<T>) {
+        other.handle().remove_watcher(self.cell.id);
+        let id = other.id();
+        self.cell.with_extras(|x| x.watching.retain(|(w, _)| *w != id));
+    }
+
+    fn register_watch<T: Send + 'static>(&mut self, other: &ActorRef<T>, notify: crate::cell::WatchNotify) {
+        let handle = other.handle();
+        handle.remove_watcher(self.cell.id);
+        let weak = Arc::downgrade(&handle);
+        self.cell.with_extras(|x| {
+            x.watching.retain(|(w, _)| *w != handle.id());
+            x.watching.push((handle.id(), weak));
+        });
+        handle.add_watcher(self.cell.id, notify);
+    }
+
+    /// Sends `msg` to this actor after `delay`. Timers are cancelled when the actor stops.
+    pub fn schedule_once(&mut self, delay: Duration, msg: A::Msg) -> TimerId {
+        let weak = Arc::downgrade(&self.cell);
+        self.start_timer(move |id| async move {
+            tokio::time::sleep(delay).await;
+            if let Some(cell) = weak.upgrade() {
+                cell.with_extras(|x| x.timers.remove(&id));
+                ActorRef::from_cell(cell).tell(msg);
+            }
+        })
+    }
+
+    /// Sends `make()` to this actor every `interval`, first after one interval. A tick that
+    /// falls due while the actor is busy is delayed, not doubled.
+    pub fn schedule_periodic(
+        &mut self,
+        interval: Duration,
+        make: impl Fn() -> A::Msg + Send + 'static,
+    ) -> TimerId {
+        let weak = Arc::downgrade(&self.cell);
+        self.start_timer(move |_| async move {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                match weak.upgrade() {
+                    Some(cell) => ActorRef::from_cell(cell).tell(make()),
+                    None => return,
+                }
+            }
+        })
+    }
+
+    /// Cancels a timer. Returns false if it had already fired (one-shot) or was cancelled.
+    pub fn cancel_timer(&mut self, timer: TimerId) -> bool {
+        match self.cell.with_extras(|x| x.timers.remove(&timer.0)) {
+            Some(handle) => {
+                handle.abort();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn start_timer<F, Fut>(&mut self, body: F) -> TimerId
+    where
+        F: FnOnce(u64) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let cell = &self.cell;
+        // Spawn under the lock so a timer that fires at once finds its own entry to remove.
+        let id = cell.with_extras(|x| {
+            x.next_timer += 1;
+            let id = x.next_timer;
+            let task = cell.system.runtime.spawn(body(id));
+            x.timers.insert(id, task.abort_handle());
+            id
+        });
+        TimerId(id)
+    }
+}

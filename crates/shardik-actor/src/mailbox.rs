@@ -1,0 +1,297 @@
+//! The mailbox: a user lane, a system lane that overtakes it, and a closed flag, under one
+//! short lock. Nothing is allocated until the first message arrives.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::actor::Terminated;
+use crate::error::TellError;
+
+/// Which mailbox an actor gets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum MailboxConfig {
+    /// No limit (the default). Memory grows with the backlog; use a bounded mailbox where
+    /// producers can outrun the actor for long.
+    #[default]
+    Unbounded,
+    /// At most `capacity` messages wait to be taken (the batch the actor is working through is
+    /// not counted, so at most twice `capacity` are held in memory).
+    Bounded {
+        /// Messages that may wait.
+        capacity: usize,
+        /// What a full mailbox does with one more message.
+        overflow: OverflowPolicy,
+    },
+}
+
+impl MailboxConfig {
+    /// A bounded mailbox that rejects the newest message when full.
+    pub fn bounded(capacity: usize) -> Self {
+        MailboxConfig::Bounded {
+            capacity: capacity.max(1),
+            overflow: OverflowPolicy::DropNewest,
+        }
+    }
+
+    fn capacity(&self) -> Option<usize> {
+        match self {
+            MailboxConfig::Unbounded => None,
+            MailboxConfig::Bounded { capacity, .. } => Some(*capacity),
+        }
+    }
+}
+
+/// What a full bounded mailbox does with a new message.
+///
+/// Whatever is dropped is counted as a dead letter. [`ActorRef::try_tell`](crate::ActorRef::try_tell)
+/// reports a rejected message to the sender, and [`ActorRef::send`](crate::ActorRef::send)
+/// waits for room instead (back-pressure).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OverflowPolicy {
+    /// Reject the new message (the default).
+    #[default]
+    DropNewest,
+    /// Accept the new message and drop the oldest one still waiting.
+    DropOldest,
+}
+
+pub(crate) enum Envelope<M> {
+    User(M),
+    /// Stop once every message queued before this marker has been handled.
+    GracefulStop,
+}
+
+pub(crate) enum SystemMessage {
+    Stop,
+    Terminated(Terminated),
+}
+
+struct Lanes<M> {
+    user: VecDeque<Envelope<M>>,
+    system: Vec<SystemMessage>,
+    closed: bool,
+}
+
+/// Result of a push into a mailbox that dropped the oldest message to make room.
+pub(crate) enum Pushed<M> {
+    Ok,
+    DroppedOldest(M),
+}
+
+pub(crate) struct Mailbox<M> {
+    lanes: Mutex<Lanes<M>>,
+    system_pending: AtomicBool,
+    bounded: Option<Box<Bound>>,
+}
+
+struct Bound {
+    capacity: usize,
+    overflow: OverflowPolicy,
+    space: Notify,
+}
+
+impl<M> Mailbox<M> {
+    pub(crate) fn new(config: &MailboxConfig) -> Self {
+        let bounded = config.capacity().map(|capacity| {
+            let overflow = match config {
+                MailboxConfig::Bounded { overflow, .. } => *overflow,
+                MailboxConfig::Unbounded => OverflowPolicy::DropNewest,
+            };
+            Box::new(Bound {
+                capacity,
+                overflow,
+                space: Notify::new(),
+            })
+        });
+        Mailbox {
+            lanes: Mutex::new(Lanes {
+                user: VecDeque::new(),
+                system: Vec::new(),
+                closed: false,
+            }),
+            system_pending: AtomicBool::new(false),
+            bounded,
+        }
+    }
+
+    /// Queues a user message. The caller schedules the actor afterwards.
+    pub(crate) fn push(&self, msg: M) -> Result<Pushed<M>, TellError<M>> {
+        let mut lanes = self.lanes.lock();
+        if lanes.closed {
+            return Err(TellError::Stopped(msg));
+        }
+        let mut pushed = Pushed::Ok;
+        if let Some(bound) = &self.bounded {
+            if lanes.user.len() >= bound.capacity {
+                match bound.overflow {
+                    OverflowPolicy::DropNewest => return Err(TellError::MailboxFull(msg)),
+                    OverflowPolicy::DropOldest => {
+                        let pos = lanes
+                            .user
+                            .iter()
+                            .position(|e| matches!(e, Envelope::User(_)));
+                        match pos.and_then(|p| lanes.user.remove(p)) {
+                            Some(Envelope::User(old)) => pushed = Pushed::DroppedOldest(old),
+                            _ => return Err(TellError::MailboxFull(msg)),
+                        }
+                    }
+                }
+            }
+        }
+        lanes.user.push_back(Envelope::User(msg));
+        Ok(pushed)
+    }
+
+    /// Queues the graceful stop marker. False if the mailbox is already closed.
+    pub(crate) fn push_graceful_stop(&self) -> bool {
+        let mut lanes = self.lanes.lock();
+        if lanes.closed {
+            return false;
+        }
+        lanes.user.push_back(Envelope::GracefulStop);
+        true
+    }
+
+    /// Queues a system message. False if the mailbox is closed (the actor is terminating).
+    pub(crate) fn push_system(&self, msg: SystemMessage) -> bool {
+        let mut lanes = self.lanes.lock();
+        if lanes.closed {
+            return false;
+        }
+        lanes.system.push(msg);
+        self.system_pending.store(true, Ordering::Release);
+        true
+    }
+
+    /// Cheap check done between two user messages.
+    #[inline]
+    pub(crate) fn system_pending(&self) -> bool {
+        self.system_pending.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn take_system(&self) -> Vec<SystemMessage> {
+        let mut lanes = self.lanes.lock();
+        self.system_pending.store(false, Ordering::Release);
+        std::mem::take(&mut lanes.system)
+    }
+
+    /// Moves every waiting user message into `batch` (which must be empty) by swapping the
+    /// buffers, so the lock is held for O(1). Returns false if there was nothing.
+    pub(crate) fn take_batch(&self, batch: &mut VecDeque<Envelope<M>>) -> bool {
+        debug_assert!(batch.is_empty());
+        let took = {
+            let mut lanes = self.lanes.lock();
+            if lanes.user.is_empty() {
+                false
+            } else {
+                std::mem::swap(&mut lanes.user, batch);
+                true
+            }
+        };
+        if took {
+            if let Some(bound) = &self.bounded {
+                bound.space.notify_waiters();
+            }
+        }
+        took
+    }
+
+    /// True if anything waits in either lane.
+    pub(crate) fn has_work(&self) -> bool {
+        let lanes = self.lanes.lock();
+        !lanes.user.is_empty() || !lanes.system.is_empty()
+    }
+
+    /// Gives back buffer memory while the actor is idle.
+    pub(crate) fn release_spare(&self) {
+        let mut lanes = self.lanes.lock();
+        if lanes.user.is_empty() && lanes.user.capacity() > 8 {
+            lanes.user = VecDeque::new();
+        }
+        if lanes.system.is_empty() && lanes.system.capacity() > 0 {
+            lanes.system = Vec::new();
+        }
+    }
+
+    /// Closes the mailbox and returns the user messages that were never taken.
+    pub(crate) fn close(&self) -> Vec<M> {
+        let (user, _system) = {
+            let mut lanes = self.lanes.lock();
+            lanes.closed = true;
+            self.system_pending.store(false, Ordering::Release);
+            (
+                std::mem::take(&mut lanes.user),
+                std::mem::take(&mut lanes.system),
+            )
+        };
+        if let Some(bound) = &self.bounded {
+            bound.space.notify_waiters();
+        }
+        user.into_iter()
+            .filter_map(|e| match e {
+                Envelope::User(m) => Some(m),
+                Envelope::GracefulStop => None,
+            })
+            .collect()
+    }
+
+    /// For back-pressured senders: a future that completes when room may have been made.
+    /// None for unbounded mailboxes.
+    pub(crate) fn space(&self) -> Option<&Notify> {
+        self.bounded.as_ref().map(|b| &b.space)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_drop_newest_rejects() {
+        let mb = Mailbox::new(&MailboxConfig::bounded(2));
+        assert!(matches!(mb.push(1), Ok(Pushed::Ok)));
+        assert!(matches!(mb.push(2), Ok(Pushed::Ok)));
+        assert!(matches!(mb.push(3), Err(TellError::MailboxFull(3))));
+    }
+
+    #[test]
+    fn bounded_drop_oldest_evicts_front() {
+        let mb = Mailbox::new(&MailboxConfig::Bounded {
+            capacity: 2,
+            overflow: OverflowPolicy::DropOldest,
+        });
+        mb.push(1).ok();
+        mb.push(2).ok();
+        assert!(matches!(mb.push(3), Ok(Pushed::DroppedOldest(1))));
+        assert_eq!(mb.close(), vec![2, 3]);
+    }
+
+    #[test]
+    fn closed_mailbox_refuses_and_returns_leftovers_in_order() {
+        let mb = Mailbox::new(&MailboxConfig::Unbounded);
+        for i in 0..5 {
+            mb.push(i).ok();
+        }
+        assert!(mb.push_graceful_stop());
+        assert_eq!(mb.close(), vec![0, 1, 2, 3, 4]);
+        assert!(matches!(mb.push(9), Err(TellError::Stopped(9))));
+        assert!(!mb.push_system(SystemMessage::Stop));
+    }
+
+    #[test]
+    fn batch_take_swaps_everything() {
+        let mb = Mailbox::new(&MailboxConfig::Unbounded);
+        for i in 0..3 {
+            mb.push(i).ok();
+        }
+        let mut batch = VecDeque::new();
+        assert!(mb.take_batch(&mut batch));
+        assert_eq!(batch.len(), 3);
+        assert!(!mb.has_work());
+        batch.clear();
+        assert!(!mb.take_batch(&mut batch));
+    }
+}

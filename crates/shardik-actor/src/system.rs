@@ -1,0 +1,251 @@
+//! [`ActorSystem`]: owns the actors, the dead letter counters and the shutdown sequence.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{watch, Notify};
+
+use crate::actor::{Actor, ActorId};
+use crate::actor_ref::ActorRef;
+use crate::cell::{Cell, CellHandle, Parent};
+use crate::dead_letters::{DeadLetterStats, DeadLetters, DeadReason};
+use crate::mailbox::SystemMessage;
+use crate::props::Props;
+
+const TOP_LEVEL_SHARDS: usize = 32;
+
+/// Settings of an [`ActorSystem`].
+#[derive(Clone, Debug)]
+pub struct SystemConfig {
+    /// The system's name, shown in logs.
+    pub name: String,
+    /// The tokio runtime the actors run on; `None` means the runtime of the caller of
+    /// [`ActorSystem::with_config`].
+    pub runtime: Option<tokio::runtime::Handle>,
+}
+
+impl SystemConfig {
+    /// A config with the given name and the current runtime.
+    pub fn new(name: impl Into<String>) -> Self {
+        SystemConfig {
+            name: name.into(),
+            runtime: None,
+        }
+    }
+}
+
+/// A shutdown that did not finish in time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("shutdown timed out after {timeout:?} with {remaining} actor(s) still running")]
+pub struct ShutdownError {
+    /// The timeout that passed.
+    pub timeout: Duration,
+    /// Actors that had not terminated.
+    pub remaining: usize,
+}
+
+pub(crate) struct SystemShared {
+    pub(crate) name: Arc<str>,
+    pub(crate) runtime: tokio::runtime::Handle,
+    next_id: AtomicU64,
+    top: Box<[Mutex<HashMap<ActorId, Arc<dyn CellHandle>>>]>,
+    live: AtomicUsize,
+    all_stopped: Notify,
+    pub(crate) dead_letters: DeadLetters,
+    shutting_down: AtomicBool,
+    shutdown_signal: watch::Sender<bool>,
+}
+
+impl SystemShared {
+    pub(crate) fn next_id(&self) -> ActorId {
+        ActorId(self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(crate) fn actor_started(&self) {
+        self.live.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn actor_stopped(&self) {
+        if self.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.all_stopped.notify_waiters();
+        }
+    }
+
+    fn shard(&self, id: ActorId) -> &Mutex<HashMap<ActorId, Arc<dyn CellHandle>>> {
+        &self.top[(id.0 as usize) % TOP_LEVEL_SHARDS]
+    }
+
+    pub(crate) fn remove_top_level(&self, id: ActorId) {
+        self.shard(id).lock().remove(&id);
+    }
+}
+
+/// The home of a set of actors: spawns top-level actors, counts dead letters, and shuts
+/// everything down in order.
+///
+/// Cloning is cheap; all clones are the same system. An `ActorSystem` must be created inside
+/// a tokio runtime (or be given one in [`SystemConfig::runtime`]); actors run on that runtime.
+#[derive(Clone)]
+pub struct ActorSystem {
+    shared: Arc<SystemShared>,
+}
+
+impl ActorSystem {
+    /// Creates a system on the current tokio runtime.
+    ///
+    /// # Panics
+    /// If called outside a tokio runtime, like `tokio::spawn`. Use
+    /// [`with_config`](ActorSystem::with_config) with a runtime handle to create one elsewhere.
+    pub fn new(name: impl Into<String>) -> Self {
+        ActorSystem::with_config(SystemConfig::new(name))
+    }
+
+    /// Creates a system from `config`.
+    ///
+    /// # Panics
+    /// If `config.runtime` is `None` and the caller is not inside a tokio runtime.
+    pub fn with_config(config: SystemConfig) -> Self {
+        let runtime = config.runtime.unwrap_or_else(|| {
+            tokio::runtime::Handle::try_current().unwrap_or_else(|_| {
+                panic!("ActorSystem::new must be called inside a tokio runtime (or pass SystemConfig::runtime)")
+            })
+        });
+        let (shutdown_signal, _) = watch::channel(false);
+        ActorSystem {
+            shared: Arc::new(SystemShared {
+                name: config.name.into(),
+                runtime,
+                next_id: AtomicU64::new(1),
+                top: (0..TOP_LEVEL_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                live: AtomicUsize::new(0),
+                all_stopped: Notify::new(),
+                dead_letters: DeadLetters::default(),
+                shutting_down: AtomicBool::new(false),
+                shutdown_signal,
+            }),
+        }
+    }
+
+    pub(crate) fn from_shared(shared: Arc<SystemShared>) -> Self {
+        ActorSystem { shared }
+    }
+
+    /// The system's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The tokio runtime the actors run on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.shared.runtime
+    }
+
+    /// Spawns a top-level actor from an instance (it cannot be restarted; see
+    /// [`Props::from_instance`]).
+    pub fn spawn<A: Actor>(&self, actor: A) -> ActorRef<A::Msg> {
+        self.spawn_props(Props::from_instance(actor))
+    }
+
+    /// Spawns a top-level actor from [`Props`].
+    pub fn spawn_props<A: Actor>(&self, props: Props<A>) -> ActorRef<A::Msg> {
+        let cell = Cell::spawn(&self.shared, Parent::System, props);
+        let handle: Arc<dyn CellHandle> = cell.clone();
+        self.shared.shard(cell.id).lock().insert(cell.id, handle);
+        if self.shared.shutting_down.load(Ordering::Acquire) {
+            tracing::warn!(system = %self.shared.name, "actor spawned during shutdown; stopping it at once");
+            cell.send_system(SystemMessage::Stop);
+        }
+        ActorRef::from_cell(cell)
+    }
+
+    /// Dead letters counted so far.
+    pub fn dead_letters(&self) -> DeadLetterStats {
+        self.shared.dead_letters.stats()
+    }
+
+    /// Records a dead letter on behalf of a higher layer (such as a sharding buffer that
+    /// overflowed), so every undeliverable message shows up in one place.
+    pub fn record_dead_letter(&self, recipient: &dyn std::fmt::Display, message_type: &'static str, reason: &'static str) {
+        self.shared.dead_letters.record(
+            &self.shared.name,
+            recipient,
+            message_type,
+            DeadReason::Other(reason),
+        );
+    }
+
+    /// Actors spawned and not yet terminated (top-level and children).
+    pub fn live_actors(&self) -> usize {
+        self.shared.live.load(Ordering::Acquire)
+    }
+
+    /// True once [`shutdown`](ActorSystem::shutdown) has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shared.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Completes when shutdown begins; background tasks of higher layers select on it.
+    pub async fn shutdown_started(&self) {
+        let mut rx = self.shared.shutdown_signal.subscribe();
+        let _ = rx.wait_for(|v| *v).await;
+    }
+
+    /// Stops every actor and waits for all of them: each finishes the message it is handling,
+    /// children stop before their parents, every `stopped` hook runs. Messages still queued
+    /// are handed to termination hooks or counted as dead letters.
+    pub async fn shutdown(&self) {
+        self.begin_shutdown();
+        loop {
+            let notified = self.shared.all_stopped.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.live_actors() == 0 {
+                return;
+            }
+            // Actors spawned by stop hooks during shutdown are stopped too.
+            self.stop_top_level();
+            notified.await;
+        }
+    }
+
+    /// Like [`shutdown`](ActorSystem::shutdown) but gives up after `timeout`, reporting how many
+    /// actors were still running.
+    pub async fn shutdown_timeout(&self, timeout: Duration) -> Result<(), ShutdownError> {
+        match tokio::time::timeout(timeout, self.shutdown()).await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(ShutdownError {
+                timeout,
+                remaining: self.live_actors(),
+            }),
+        }
+    }
+
+    fn begin_shutdown(&self) {
+        if !self.shared.shutting_down.swap(true, Ordering::AcqRel) {
+            tracing::debug!(system = %self.shared.name, live = self.live_actors(), "shutting down");
+            self.shared.shutdown_signal.send_replace(true);
+        }
+        self.stop_top_level();
+    }
+
+    fn stop_top_level(&self) {
+        for shard in self.shared.top.iter() {
+            let handles: Vec<_> = shard.lock().values().cloned().collect();
+            for h in handles {
+                h.send_system(SystemMessage::Stop);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for ActorSystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActorSystem")
+            .field("name", &self.shared.name)
+            .field("live_actors", &self.live_actors())
+            .finish()
+    }
+}
