@@ -153,6 +153,37 @@ impl<A: Actor> Cell<A> {
         );
     }
 
+    /// Queues a [`watch_with`](Context::watch_with) notice about `of`; like `tell`, a refused
+    /// one becomes a dead letter.
+    pub(crate) fn tell_watched(&self, of: ActorId, msg: A::Msg) {
+        match self.mailbox.push_watched(of, msg) {
+            Ok(pushed) => self.queued(pushed),
+            Err(TellError::Stopped(_)) => self.dead_letter(DeadReason::RecipientStopped),
+            Err(TellError::MailboxFull(_)) => self.dead_letter(DeadReason::MailboxFull),
+        }
+    }
+
+    fn queued(&self, pushed: Pushed<A::Msg>) {
+        self.schedule();
+        if let Pushed::DroppedOldest(old) = pushed {
+            drop(old);
+            self.dead_letter(DeadReason::MailboxFull);
+        }
+    }
+
+    /// Consumes this actor's watch of `of` for a termination notice about to be delivered.
+    /// False if the watch was cancelled with `unwatch` (or already notified): the notice is
+    /// then dropped, so none arrives after `unwatch` even if it was already queued.
+    fn take_watch(&self, of: ActorId) -> bool {
+        self.with_extras(|x| match x.watching.iter().position(|(w, _)| *w == of) {
+            Some(i) => {
+                x.watching.swap_remove(i);
+                true
+            }
+            None => false,
+        })
+    }
+
     pub(crate) fn add_child(&self, child: Arc<dyn CellHandle>) -> bool {
         self.with_extras(|x| {
             if x.stopping || x.terminated.is_some() {
@@ -223,11 +254,7 @@ impl<A: Actor> RefTarget<A::Msg> for Cell<A> {
     #[inline]
     fn try_tell(&self, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
         let pushed = self.mailbox.push(msg)?;
-        self.schedule();
-        if let Pushed::DroppedOldest(old) = pushed {
-            drop(old);
-            self.dead_letter(DeadReason::MailboxFull);
-        }
+        self.queued(pushed);
         Ok(())
     }
 
@@ -284,39 +311,43 @@ impl<A: Actor> Cell<A> {
                 tracing::warn!(actor = %self.label(), %error, "actor failed; resuming with the next message");
                 Decision::Resume
             }
-            SupervisorStrategy::Restart(policy) => match st.restarts.on_failure(policy, Instant::now()) {
-                Some(backoff) => {
-                    tracing::warn!(actor = %self.label(), %error, ?backoff, "actor failed; restarting it");
-                    metrics::counter!("shardik_actor_restarts_total").increment(1);
-                    Decision::Restart(backoff)
+            SupervisorStrategy::Restart(policy) => {
+                match st.restarts.on_failure(policy, Instant::now()) {
+                    Some(backoff) => {
+                        tracing::warn!(actor = %self.label(), %error, ?backoff, "actor failed; restarting it");
+                        metrics::counter!("shardik_actor_restarts_total").increment(1);
+                        Decision::Restart(backoff)
+                    }
+                    None => {
+                        tracing::error!(
+                            actor = %self.label(), %error,
+                            max_restarts = policy.max_restarts, within = ?policy.within,
+                            "actor failed too often; stopping it"
+                        );
+                        Decision::Stop(format!(
+                            "restart limit of {} within {:?} reached; last failure: {error}",
+                            policy.max_restarts, policy.within
+                        ))
+                    }
                 }
-                None => {
-                    tracing::error!(
-                        actor = %self.label(), %error,
-                        max_restarts = policy.max_restarts, within = ?policy.within,
-                        "actor failed too often; stopping it"
-                    );
-                    Decision::Stop(format!(
-                        "restart limit of {} within {:?} reached; last failure: {error}",
-                        policy.max_restarts, policy.within
-                    ))
-                }
-            },
+            }
         }
     }
 
     /// Creates an instance and runs `started`, restarting per strategy. Err = must stop.
-    async fn start_incarnation(&self, st: &mut RunState<A>, ctx: &mut Context<A>) -> Result<(), String> {
+    async fn start_incarnation(
+        &self,
+        st: &mut RunState<A>,
+        ctx: &mut Context<A>,
+    ) -> Result<(), String> {
         loop {
             let made = std::panic::catch_unwind(AssertUnwindSafe(|| (st.factory)()));
             let actor = match made {
                 Ok(Some(actor)) => actor,
-                Ok(None) => {
-                    return Err(
-                        "the actor cannot be recreated: it was spawned from an instance, not a factory"
-                            .into(),
-                    )
-                }
+                Ok(None) => return Err(
+                    "the actor cannot be recreated: it was spawned from an instance, not a factory"
+                        .into(),
+                ),
                 Err(panic) => {
                     let error = format!("factory panicked: {}", panic_message(&*panic));
                     match self.decide(st, error) {
@@ -336,7 +367,7 @@ impl<A: Actor> Cell<A> {
                 Err(error) => match self.decide(st, format!("started hook failed: {error}")) {
                     Decision::Resume => return Ok(()),
                     Decision::Restart(backoff) => {
-                        st.actor = None;
+                        self.discard_instance(st);
                         sleep_if(backoff).await;
                     }
                     Decision::Stop(reason) => return Err(reason),
@@ -345,13 +376,29 @@ impl<A: Actor> Cell<A> {
         }
     }
 
+    /// Drops a failed instance before a restart, with the timers it started: their ids died
+    /// with it, and the new incarnation's `started` would schedule them a second time.
+    fn discard_instance(&self, st: &mut RunState<A>) {
+        st.actor = None;
+        if let Some(x) = self.extras.lock().as_mut() {
+            for (_, timer) in x.timers.drain() {
+                timer.abort();
+            }
+        }
+    }
+
     /// Handles a failure of `handle` or `terminated`. Err = must stop.
-    async fn on_failure(&self, st: &mut RunState<A>, ctx: &mut Context<A>, error: String) -> Result<(), String> {
+    async fn on_failure(
+        &self,
+        st: &mut RunState<A>,
+        ctx: &mut Context<A>,
+        error: String,
+    ) -> Result<(), String> {
         match self.decide(st, error) {
             Decision::Resume => Ok(()),
             Decision::Stop(reason) => Err(reason),
             Decision::Restart(backoff) => {
-                st.actor = None;
+                self.discard_instance(st);
                 sleep_if(backoff).await;
                 self.start_incarnation(st, ctx).await
             }
@@ -367,14 +414,8 @@ impl<A: Actor> Cell<A> {
         batch: VecDeque<Envelope<A::Msg>>,
         reason: StopReason,
     ) {
-        let mut undelivered: Vec<A::Msg> = batch
-            .into_iter()
-            .filter_map(|e| match e {
-                Envelope::User(m) => Some(m),
-                Envelope::GracefulStop => None,
-            })
-            .collect();
-        undelivered.extend(self.mailbox.close());
+        let mut leftovers = batch;
+        leftovers.extend(self.mailbox.close());
 
         let (children, watching) = self.with_extras(|x| {
             x.stopping = true;
@@ -386,6 +427,15 @@ impl<A: Actor> Cell<A> {
                 std::mem::take(&mut x.watching),
             )
         });
+        let undelivered: Vec<A::Msg> = leftovers
+            .into_iter()
+            .filter_map(|e| match e {
+                Envelope::User(m) => Some(m),
+                // A `watch_with` notice counts only if its watch still stands.
+                Envelope::Watched(of, m) => watching.iter().any(|(w, _)| *w == of).then_some(m),
+                Envelope::GracefulStop => None,
+            })
+            .collect();
         for (_, target) in watching {
             if let Some(target) = target.upgrade() {
                 target.remove_watcher(self.id);
@@ -421,10 +471,6 @@ impl<A: Actor> Cell<A> {
             name: self.name.clone(),
             reason: reason.clone(),
         };
-        let watchers = self.with_extras(|x| {
-            x.terminated = Some(terminated.clone());
-            std::mem::take(&mut x.watchers)
-        });
         self.sched.store(TERMINATED, Ordering::Release);
         match &self.parent {
             Parent::System => self.system.remove_top_level(self.id),
@@ -448,10 +494,17 @@ impl<A: Actor> Cell<A> {
                 }
             }
         }
+        // Only now publish the termination: whoever observes it (a waiter on `terminated()`,
+        // early or late, a watcher, a parent stopping its children) then sees everything it
+        // implies: the hooks have run, leftovers are accounted for, the actor is uncounted.
+        self.system.actor_stopped();
+        let watchers = self.with_extras(|x| {
+            x.terminated = Some(terminated.clone());
+            std::mem::take(&mut x.watchers)
+        });
         for (_, notify) in watchers {
             notify(&terminated);
         }
-        self.system.actor_stopped();
     }
 }
 
@@ -472,7 +525,8 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
     if !st.started {
         st.started = true;
         if let Err(reason) = cell.start_incarnation(&mut st, &mut ctx).await {
-            cell.finish(st, &mut ctx, batch, StopReason::Failed(reason)).await;
+            cell.finish(st, &mut ctx, batch, StopReason::Failed(reason))
+                .await;
             return;
         }
     }
@@ -488,10 +542,17 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                             return;
                         }
                         SystemMessage::Terminated(t) => {
-                            let Some(actor) = st.actor.as_mut() else { continue };
+                            if !cell.take_watch(t.id) {
+                                continue;
+                            }
+                            let Some(actor) = st.actor.as_mut() else {
+                                continue;
+                            };
                             if let Err(error) = guarded(actor.terminated(&mut ctx, t)).await {
-                                if let Err(reason) = cell.on_failure(&mut st, &mut ctx, error).await {
-                                    cell.finish(st, &mut ctx, batch, StopReason::Failed(reason)).await;
+                                if let Err(reason) = cell.on_failure(&mut st, &mut ctx, error).await
+                                {
+                                    cell.finish(st, &mut ctx, batch, StopReason::Failed(reason))
+                                        .await;
                                     return;
                                 }
                             }
@@ -512,22 +573,28 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                     break;
                 }
             };
-            match envelope {
+            let msg = match envelope {
                 Envelope::GracefulStop => {
                     cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
                     return;
                 }
-                Envelope::User(msg) => {
-                    let Some(actor) = st.actor.as_mut() else {
-                        debug_assert!(false, "no instance while running");
+                Envelope::User(msg) => msg,
+                Envelope::Watched(of, msg) => {
+                    if !cell.take_watch(of) {
                         continue;
-                    };
-                    if let Err(error) = guarded(actor.handle(msg, &mut ctx)).await {
-                        if let Err(reason) = cell.on_failure(&mut st, &mut ctx, error).await {
-                            cell.finish(st, &mut ctx, batch, StopReason::Failed(reason)).await;
-                            return;
-                        }
                     }
+                    msg
+                }
+            };
+            let Some(actor) = st.actor.as_mut() else {
+                debug_assert!(false, "no instance while running");
+                continue;
+            };
+            if let Err(error) = guarded(actor.handle(msg, &mut ctx)).await {
+                if let Err(reason) = cell.on_failure(&mut st, &mut ctx, error).await {
+                    cell.finish(st, &mut ctx, batch, StopReason::Failed(reason))
+                        .await;
+                    return;
                 }
             }
             budget -= 1;

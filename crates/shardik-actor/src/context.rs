@@ -61,7 +61,11 @@ impl<A: Actor> Context<A> {
     /// stopped at once.
     pub fn spawn<C: Actor>(&mut self, props: Props<C>) -> ActorRef<C::Msg> {
         let parent: Arc<dyn CellHandle> = self.cell.clone();
-        let child = Cell::spawn(&self.cell.system, Parent::Actor(Arc::downgrade(&parent)), props);
+        let child = Cell::spawn(
+            &self.cell.system,
+            Parent::Actor(Arc::downgrade(&parent)),
+            props,
+        );
         if !self.cell.add_child(child.clone()) {
             child.send_system(SystemMessage::Stop);
         }
@@ -85,18 +89,32 @@ impl<A: Actor> Context<A> {
 
     /// Watches `other` and receives `msg` as an ordinary user message when it terminates.
     pub fn watch_with<T: Send + 'static>(&mut self, other: &ActorRef<T>, msg: A::Msg) {
-        let me = self.myself();
-        self.register_watch(other, Box::new(move |_| me.tell(msg)));
+        let me = Arc::downgrade(&self.cell);
+        let of = other.id();
+        self.register_watch(
+            other,
+            Box::new(move |_| {
+                if let Some(cell) = me.upgrade() {
+                    cell.tell_watched(of, msg);
+                }
+            }),
+        );
     }
 
-    /// Stops watching `other`; no notice is delivered after this returns.
+    /// Stops watching `other`; no notice is delivered after this returns, not even one that
+    /// was already queued.
     pub fn unwatch<T: Send + 'static>(&mut self, other: &ActorRef<T>) {
         other.handle().remove_watcher(self.cell.id);
         let id = other.id();
-        self.cell.with_extras(|x| x.watching.retain(|(w, _)| *w != id));
+        self.cell
+            .with_extras(|x| x.watching.retain(|(w, _)| *w != id));
     }
 
-    fn register_watch<T: Send + 'static>(&mut self, other: &ActorRef<T>, notify: crate::cell::WatchNotify) {
+    fn register_watch<T: Send + 'static>(
+        &mut self,
+        other: &ActorRef<T>,
+        notify: crate::cell::WatchNotify,
+    ) {
         let handle = other.handle();
         handle.remove_watcher(self.cell.id);
         let weak = Arc::downgrade(&handle);
@@ -107,7 +125,8 @@ impl<A: Actor> Context<A> {
         handle.add_watcher(self.cell.id, notify);
     }
 
-    /// Sends `msg` to this actor after `delay`. Timers are cancelled when the actor stops.
+    /// Sends `msg` to this actor after `delay`. Timers are cancelled when the actor stops or
+    /// is restarted (a restarted actor schedules its timers again in `started`).
     pub fn schedule_once(&mut self, delay: Duration, msg: A::Msg) -> TimerId {
         let weak = Arc::downgrade(&self.cell);
         self.start_timer(move |id| async move {
@@ -119,8 +138,9 @@ impl<A: Actor> Context<A> {
         })
     }
 
-    /// Sends `make()` to this actor every `interval`, first after one interval. A tick that
-    /// falls due while the actor is busy is delayed, not doubled.
+    /// Sends `make()` to this actor every `interval`, first after one interval. Ticks are
+    /// queued like any message: while the actor is busy they wait in its mailbox. If the
+    /// timer task itself falls behind, the next tick is delayed, not doubled.
     pub fn schedule_periodic(
         &mut self,
         interval: Duration,
@@ -128,7 +148,8 @@ impl<A: Actor> Context<A> {
     ) -> TimerId {
         let weak = Arc::downgrade(&self.cell);
         self.start_timer(move |_| async move {
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            let mut ticks =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;

@@ -85,7 +85,12 @@ impl DeadLetters {
                 "dead letter"
             );
         } else if n % LOG_EVERY == 0 {
-            tracing::warn!(system, total = n, "{LOG_EVERY} more dead letters (latest: {message_type} to {recipient}: {})", reason.as_str());
+            tracing::warn!(
+                system,
+                total = n,
+                "{LOG_EVERY} more dead letters (latest: {message_type} to {recipient}: {})",
+                reason.as_str()
+            );
         } else {
             tracing::debug!(system, %recipient, message_type, reason = reason.as_str(), "dead letter");
         }

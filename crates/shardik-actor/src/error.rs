@@ -20,6 +20,18 @@ impl<M> TellError<M> {
     }
 }
 
+impl<M: PartialEq> PartialEq for TellError<M> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (TellError::Stopped(a), TellError::Stopped(b)) => a == b,
+            (TellError::MailboxFull(a), TellError::MailboxFull(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl<M: Eq> Eq for TellError<M> {}
+
 impl<M> fmt::Debug for TellError<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::actor::Terminated;
+use crate::actor::{ActorId, Terminated};
 use crate::error::TellError;
 
 /// Which mailbox an actor gets.
@@ -60,6 +60,9 @@ pub enum OverflowPolicy {
 
 pub(crate) enum Envelope<M> {
     User(M),
+    /// A [`watch_with`](crate::Context::watch_with) notice that the watched actor `.0` has
+    /// terminated. Handled like a user message, unless the watch was cancelled meanwhile.
+    Watched(ActorId, M),
     /// Stop once every message queued before this marker has been handled.
     GracefulStop,
 }
@@ -119,6 +122,15 @@ impl<M> Mailbox<M> {
 
     /// Queues a user message. The caller schedules the actor afterwards.
     pub(crate) fn push(&self, msg: M) -> Result<Pushed<M>, TellError<M>> {
+        self.push_user(None, msg)
+    }
+
+    /// Queues a `watch_with` notice about the watched actor `of`, like [`push`](Self::push).
+    pub(crate) fn push_watched(&self, of: ActorId, msg: M) -> Result<Pushed<M>, TellError<M>> {
+        self.push_user(Some(of), msg)
+    }
+
+    fn push_user(&self, watched: Option<ActorId>, msg: M) -> Result<Pushed<M>, TellError<M>> {
         let mut lanes = self.lanes.lock();
         if lanes.closed {
             return Err(TellError::Stopped(msg));
@@ -132,16 +144,21 @@ impl<M> Mailbox<M> {
                         let pos = lanes
                             .user
                             .iter()
-                            .position(|e| matches!(e, Envelope::User(_)));
+                            .position(|e| !matches!(e, Envelope::GracefulStop));
                         match pos.and_then(|p| lanes.user.remove(p)) {
-                            Some(Envelope::User(old)) => pushed = Pushed::DroppedOldest(old),
+                            Some(Envelope::User(old) | Envelope::Watched(_, old)) => {
+                                pushed = Pushed::DroppedOldest(old)
+                            }
                             _ => return Err(TellError::MailboxFull(msg)),
                         }
                     }
                 }
             }
         }
-        lanes.user.push_back(Envelope::User(msg));
+        lanes.user.push_back(match watched {
+            Some(of) => Envelope::Watched(of, msg),
+            None => Envelope::User(msg),
+        });
         Ok(pushed)
     }
 
@@ -216,8 +233,8 @@ impl<M> Mailbox<M> {
         }
     }
 
-    /// Closes the mailbox and returns the user messages that were never taken.
-    pub(crate) fn close(&self) -> Vec<M> {
+    /// Closes the mailbox and returns the user lane's envelopes that were never taken.
+    pub(crate) fn close(&self) -> VecDeque<Envelope<M>> {
         let (user, _system) = {
             let mut lanes = self.lanes.lock();
             lanes.closed = true;
@@ -230,12 +247,7 @@ impl<M> Mailbox<M> {
         if let Some(bound) = &self.bounded {
             bound.space.notify_waiters();
         }
-        user.into_iter()
-            .filter_map(|e| match e {
-                Envelope::User(m) => Some(m),
-                Envelope::GracefulStop => None,
-            })
-            .collect()
+        user
     }
 
     /// For back-pressured senders: a future that completes when room may have been made.
@@ -248,6 +260,16 @@ impl<M> Mailbox<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn messages<M>(envelopes: VecDeque<Envelope<M>>) -> Vec<M> {
+        envelopes
+            .into_iter()
+            .filter_map(|e| match e {
+                Envelope::User(m) | Envelope::Watched(_, m) => Some(m),
+                Envelope::GracefulStop => None,
+            })
+            .collect()
+    }
 
     #[test]
     fn bounded_drop_newest_rejects() {
@@ -266,7 +288,7 @@ mod tests {
         mb.push(1).ok();
         mb.push(2).ok();
         assert!(matches!(mb.push(3), Ok(Pushed::DroppedOldest(1))));
-        assert_eq!(mb.close(), vec![2, 3]);
+        assert_eq!(messages(mb.close()), vec![2, 3]);
     }
 
     #[test]
@@ -276,7 +298,7 @@ mod tests {
             mb.push(i).ok();
         }
         assert!(mb.push_graceful_stop());
-        assert_eq!(mb.close(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(messages(mb.close()), vec![0, 1, 2, 3, 4]);
         assert!(matches!(mb.push(9), Err(TellError::Stopped(9))));
         assert!(!mb.push_system(SystemMessage::Stop));
     }

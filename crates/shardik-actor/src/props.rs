@@ -172,7 +172,10 @@ impl<A: Actor> Props<A> {
     }
 
     /// Installs a termination hook; see [`ActorSettings::on_termination`].
-    pub fn on_termination(self, hook: impl Fn(Termination<A::Msg>) + Send + Sync + 'static) -> Self {
+    pub fn on_termination(
+        self,
+        hook: impl Fn(Termination<A::Msg>) + Send + Sync + 'static,
+    ) -> Self {
         let hook: TerminationHook<A::Msg> = Arc::new(hook);
         self.update(|s| s.on_termination = Some(hook))
     }

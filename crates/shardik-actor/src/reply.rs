@@ -68,7 +68,7 @@ impl<R> ReplyTo<R> {
     /// false for a remote asker, whose state is not known here.
     pub fn is_closed(&self) -> bool {
         match &self.inner {
-            Inner::Local(tx) => tx.lock().as_ref().is_none_or(|tx| tx.is_closed()),
+            Inner::Local(tx) => tx.lock().as_ref().map_or(true, |tx| tx.is_closed()),
             Inner::Remote(_) => false,
         }
     }
@@ -120,15 +120,15 @@ where
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let addr = WireReplyAddr::deserialize(deserializer)?;
         let sink = wire::import_reply(addr).map_err(serde::de::Error::custom)?;
-        Ok(ReplyTo::from_fn(move |value: R| {
-            match rmp_serde::to_vec_named(&value) {
+        Ok(ReplyTo::from_fn(
+            move |value: R| match rmp_serde::to_vec_named(&value) {
                 Ok(bytes) => sink(bytes),
                 Err(e) => tracing::error!(
                     error = %e,
                     reply_type = std::any::type_name::<R>(),
                     "failed to encode a reply for a remote asker; the asker will time out"
                 ),
-            }
-        }))
+            },
+        ))
     }
 }

@@ -1,5 +1,6 @@
 //! [`ActorSystem`]: owns the actors, the dead letter counters and the shutdown sequence.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,6 +17,9 @@ use crate::mailbox::SystemMessage;
 use crate::props::Props;
 
 const TOP_LEVEL_SHARDS: usize = 32;
+
+/// One shard of the top-level actors, by id.
+type TopLevelShard = Mutex<HashMap<ActorId, Arc<dyn CellHandle>>>;
 
 /// Settings of an [`ActorSystem`].
 #[derive(Clone, Debug)]
@@ -51,12 +55,13 @@ pub(crate) struct SystemShared {
     pub(crate) name: Arc<str>,
     pub(crate) runtime: tokio::runtime::Handle,
     next_id: AtomicU64,
-    top: Box<[Mutex<HashMap<ActorId, Arc<dyn CellHandle>>>]>,
+    top: Box<[TopLevelShard]>,
     live: AtomicUsize,
     all_stopped: Notify,
     pub(crate) dead_letters: DeadLetters,
     shutting_down: AtomicBool,
     shutdown_signal: watch::Sender<bool>,
+    extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl SystemShared {
@@ -74,7 +79,7 @@ impl SystemShared {
         }
     }
 
-    fn shard(&self, id: ActorId) -> &Mutex<HashMap<ActorId, Arc<dyn CellHandle>>> {
+    fn shard(&self, id: ActorId) -> &TopLevelShard {
         &self.top[(id.0 as usize) % TOP_LEVEL_SHARDS]
     }
 
@@ -119,12 +124,15 @@ impl ActorSystem {
                 name: config.name.into(),
                 runtime,
                 next_id: AtomicU64::new(1),
-                top: (0..TOP_LEVEL_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                top: (0..TOP_LEVEL_SHARDS)
+                    .map(|_| Mutex::new(HashMap::new()))
+                    .collect(),
                 live: AtomicUsize::new(0),
                 all_stopped: Notify::new(),
                 dead_letters: DeadLetters::default(),
                 shutting_down: AtomicBool::new(false),
                 shutdown_signal,
+                extensions: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -161,6 +169,29 @@ impl ActorSystem {
         ActorRef::from_cell(cell)
     }
 
+    /// The system's single instance of extension `T`, created by `init` on first use.
+    /// Higher layers (sharding, remoting) keep their per-system state here, so it lives as
+    /// long as the system.
+    pub fn extension<T: Send + Sync + 'static>(
+        &self,
+        init: impl FnOnce(&ActorSystem) -> T,
+    ) -> Arc<T> {
+        if let Some(ext) = self.shared.extensions.lock().get(&TypeId::of::<T>()) {
+            return ext
+                .clone()
+                .downcast::<T>()
+                .expect("extension stored under its own type id");
+        }
+        // Built outside the lock so `init` may use other extensions.
+        let made: Arc<dyn Any + Send + Sync> = Arc::new(init(self));
+        let mut map = self.shared.extensions.lock();
+        map.entry(TypeId::of::<T>())
+            .or_insert(made)
+            .clone()
+            .downcast::<T>()
+            .expect("extension stored under its own type id")
+    }
+
     /// Dead letters counted so far.
     pub fn dead_letters(&self) -> DeadLetterStats {
         self.shared.dead_letters.stats()
@@ -168,7 +199,12 @@ impl ActorSystem {
 
     /// Records a dead letter on behalf of a higher layer (such as a sharding buffer that
     /// overflowed), so every undeliverable message shows up in one place.
-    pub fn record_dead_letter(&self, recipient: &dyn std::fmt::Display, message_type: &'static str, reason: &'static str) {
+    pub fn record_dead_letter(
+        &self,
+        recipient: &dyn std::fmt::Display,
+        message_type: &'static str,
+        reason: &'static str,
+    ) {
         self.shared.dead_letters.record(
             &self.shared.name,
             recipient,

@@ -1,0 +1,370 @@
+//! Supervisor strategies: restart (fresh state, limits, backoff), stop, resume, and failures
+//! of the `started` hook and of the factory.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{log, Log};
+use shardik_actor::{
+    Actor, ActorError, ActorRef, ActorSystem, AskError, Context, Props, ReplyTo, RestartPolicy,
+    StopReason, SupervisorStrategy,
+};
+use tokio::time::Instant;
+
+enum Msg {
+    Add(u64),
+    Fail,
+    Panic,
+    Get(ReplyTo<u64>),
+}
+
+struct Flaky {
+    total: u64,
+    incarnation: usize,
+    events: Log<String>,
+    /// Remaining `started` calls that fail (shared across incarnations).
+    failing_starts: Arc<AtomicUsize>,
+}
+
+impl Actor for Flaky {
+    type Msg = Msg;
+
+    async fn started(&mut self, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        let fail = self
+            .failing_starts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            self.events
+                .lock()
+                .push(format!("start failed {}", self.incarnation));
+            return Err("cannot start".into());
+        }
+        self.events
+            .lock()
+            .push(format!("started {}", self.incarnation));
+        Ok(())
+    }
+
+    async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        match msg {
+            Msg::Add(n) => self.total += n,
+            Msg::Fail => return Err("boom".into()),
+            Msg::Panic => panic!("kaboom"),
+            Msg::Get(r) => r.reply(self.total),
+        }
+        Ok(())
+    }
+
+    async fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.events
+            .lock()
+            .push(format!("stopped {}", self.incarnation));
+    }
+}
+
+struct Harness {
+    events: Log<String>,
+    failing_starts: Arc<AtomicUsize>,
+}
+
+fn flaky(strategy: SupervisorStrategy, failing_starts: usize) -> (Props<Flaky>, Harness) {
+    let events = log();
+    let failing_starts = Arc::new(AtomicUsize::new(failing_starts));
+    let made = Arc::new(AtomicUsize::new(0));
+    let props = {
+        let events = events.clone();
+        let failing_starts = failing_starts.clone();
+        Props::new(move || Flaky {
+            total: 0,
+            incarnation: made.fetch_add(1, Ordering::SeqCst) + 1,
+            events: events.clone(),
+            failing_starts: failing_starts.clone(),
+        })
+        .supervisor(strategy)
+    };
+    (
+        props,
+        Harness {
+            events,
+            failing_starts,
+        },
+    )
+}
+
+impl Harness {
+    fn events(&self) -> Vec<String> {
+        self.events.lock().clone()
+    }
+}
+
+async fn get(actor: &ActorRef<Msg>) -> Result<u64, AskError> {
+    actor.ask(Msg::Get, Duration::from_secs(5)).await
+}
+
+fn restart(max: u32) -> SupervisorStrategy {
+    SupervisorStrategy::Restart(RestartPolicy::new(max, Duration::from_secs(60)))
+}
+
+#[tokio::test]
+async fn restart_after_an_error_starts_from_fresh_state() {
+    let system = ActorSystem::new("sup-restart-err");
+    let (props, h) = flaky(restart(10), 0);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Add(5));
+    assert_eq!(get(&actor).await, Ok(5));
+    actor.tell(Msg::Fail);
+    assert_eq!(
+        get(&actor).await,
+        Ok(0),
+        "state must come fresh from the factory"
+    );
+    actor.tell(Msg::Add(2));
+    assert_eq!(
+        get(&actor).await,
+        Ok(2),
+        "messages after the restart are processed"
+    );
+    // `stopped` does not run between restarts.
+    assert_eq!(h.events(), ["started 1", "started 2"]);
+    actor.stop();
+    assert_eq!(actor.terminated().await.reason, StopReason::Stopped);
+    assert_eq!(h.events(), ["started 1", "started 2", "stopped 2"]);
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_after_a_panic_starts_from_fresh_state() {
+    let system = ActorSystem::new("sup-restart-panic");
+    let (props, h) = flaky(restart(10), 0);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Add(7));
+    actor.tell(Msg::Panic);
+    actor.tell(Msg::Add(1));
+    assert_eq!(get(&actor).await, Ok(1));
+    actor.tell(Msg::Panic);
+    assert_eq!(get(&actor).await, Ok(0));
+    assert_eq!(h.events(), ["started 1", "started 2", "started 3"]);
+    assert!(!actor.is_terminated());
+    system.shutdown().await;
+    assert_eq!(h.events().last().map(String::as_str), Some("stopped 3"));
+}
+
+#[tokio::test]
+async fn exceeding_the_restart_limit_stops_the_actor_as_failed() {
+    let system = ActorSystem::new("sup-limit");
+    let (props, h) = flaky(restart(2), 0);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Fail);
+    actor.tell(Msg::Fail);
+    actor.tell(Msg::Fail);
+    actor.tell(Msg::Add(1));
+    let t = actor.terminated().await;
+    assert_eq!(t.id, actor.id());
+    match t.reason {
+        StopReason::Failed(why) => {
+            assert!(why.contains("restart limit"), "{why}");
+            assert!(why.contains("boom"), "{why}");
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    assert_eq!(
+        h.events(),
+        ["started 1", "started 2", "started 3", "stopped 3"]
+    );
+    // The message queued behind the fatal failure was never handled.
+    assert_eq!(system.dead_letters().unhandled_at_stop, 1);
+    assert_eq!(system.live_actors(), 0);
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn stop_strategy_stops_at_the_first_failure() {
+    let system = ActorSystem::new("sup-stop");
+    let (props, h) = flaky(SupervisorStrategy::Stop, 0);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Add(1));
+    actor.tell(Msg::Fail);
+    actor.tell(Msg::Add(2));
+    match actor.terminated().await.reason {
+        StopReason::Failed(why) => assert!(why.contains("boom"), "{why}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    assert_eq!(h.events(), ["started 1", "stopped 1"]);
+    assert_eq!(system.dead_letters().unhandled_at_stop, 1);
+    assert_eq!(get(&actor).await, Err(AskError::Stopped));
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn stop_strategy_stops_at_a_panic() {
+    let system = ActorSystem::new("sup-stop-panic");
+    let (props, _h) = flaky(SupervisorStrategy::Stop, 0);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Panic);
+    match actor.terminated().await.reason {
+        StopReason::Failed(why) => assert!(why.contains("kaboom"), "{why}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn resume_keeps_the_state_and_drops_only_the_failed_message() {
+    let system = ActorSystem::new("sup-resume");
+    let (props, h) = flaky(SupervisorStrategy::Resume, 0);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Add(5));
+    actor.tell(Msg::Fail);
+    actor.tell(Msg::Add(1));
+    actor.tell(Msg::Panic);
+    actor.tell(Msg::Add(1));
+    assert_eq!(get(&actor).await, Ok(7));
+    assert_eq!(h.events(), ["started 1"]);
+    system.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn backoff_delays_each_restart() {
+    let system = ActorSystem::new("sup-backoff");
+    let policy = RestartPolicy::new(10, Duration::from_secs(60))
+        .with_backoff(Duration::from_millis(100), Duration::from_secs(1));
+    let (props, h) = flaky(SupervisorStrategy::Restart(policy), 0);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Add(3));
+    assert_eq!(get(&actor).await, Ok(3));
+
+    let start = Instant::now();
+    actor.tell(Msg::Fail);
+    actor.tell(Msg::Add(1)); // queues during the backoff, handled by the new incarnation
+    assert_eq!(get(&actor).await, Ok(1));
+    let first = start.elapsed();
+    assert!(
+        first >= Duration::from_millis(100) && first < Duration::from_millis(150),
+        "first restart after {first:?}"
+    );
+
+    actor.tell(Msg::Fail);
+    assert_eq!(get(&actor).await, Ok(0));
+    let second = start.elapsed() - first;
+    assert!(
+        second >= Duration::from_millis(200) && second < Duration::from_millis(250),
+        "second restart after {second:?} (backoff doubles)"
+    );
+    assert_eq!(h.events(), ["started 1", "started 2", "started 3"]);
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failing_started_hook_is_restarted_until_it_succeeds() {
+    let system = ActorSystem::new("sup-started-restart");
+    let (props, h) = flaky(restart(10), 2);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Add(4));
+    assert_eq!(get(&actor).await, Ok(4));
+    assert_eq!(
+        h.events(),
+        ["start failed 1", "start failed 2", "started 3"]
+    );
+    assert_eq!(h.failing_starts.load(Ordering::SeqCst), 0);
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_started_hook_that_keeps_failing_hits_the_restart_limit() {
+    let system = ActorSystem::new("sup-started-limit");
+    let (props, h) = flaky(restart(3), usize::MAX);
+    let actor = system.spawn_props(props);
+    actor.tell(Msg::Add(4));
+    match actor.terminated().await.reason {
+        StopReason::Failed(why) => {
+            assert!(why.contains("restart limit"), "{why}");
+            assert!(why.contains("cannot start"), "{why}");
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    let starts = h
+        .events()
+        .iter()
+        .filter(|e| e.starts_with("start failed"))
+        .count();
+    assert_eq!(starts, 4, "one start plus three restarts: {:?}", h.events());
+    assert_eq!(system.dead_letters().unhandled_at_stop, 1);
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failing_started_hook_with_stop_strategy_stops_the_actor() {
+    let system = ActorSystem::new("sup-started-stop");
+    let (props, _h) = flaky(SupervisorStrategy::Stop, 1);
+    let actor = system.spawn_props(props);
+    let asked = actor.ask(Msg::Get, Duration::from_secs(5)).await;
+    assert_eq!(
+        asked,
+        Err(AskError::NoReply),
+        "the queued request is dropped at stop"
+    );
+    match actor.terminated().await.reason {
+        StopReason::Failed(why) => assert!(why.contains("cannot start"), "{why}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_factory_that_panics_on_restart_is_retried() {
+    struct Plain(u64);
+    impl Actor for Plain {
+        type Msg = Msg;
+        async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+            match msg {
+                Msg::Add(n) => self.0 += n,
+                Msg::Fail => return Err("boom".into()),
+                Msg::Panic => panic!("kaboom"),
+                Msg::Get(r) => r.reply(self.0),
+            }
+            Ok(())
+        }
+    }
+    let system = ActorSystem::new("sup-factory");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let actor = system.spawn_props(
+        Props::new(move || {
+            if counted.fetch_add(1, Ordering::SeqCst) == 1 {
+                panic!("factory hiccup");
+            }
+            Plain(100)
+        })
+        .supervisor(restart(5)),
+    );
+    actor.tell(Msg::Add(1));
+    actor.tell(Msg::Fail);
+    assert_eq!(get(&actor).await, Ok(100));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_actor_from_an_instance_cannot_restart_and_stops() {
+    let system = ActorSystem::new("sup-instance");
+    let (props, h) = flaky(SupervisorStrategy::Stop, 0);
+    drop(props);
+    let instance = Flaky {
+        total: 0,
+        incarnation: 1,
+        events: h.events.clone(),
+        failing_starts: h.failing_starts.clone(),
+    };
+    let actor = system.spawn_props(Props::from_instance(instance).supervisor(restart(10)));
+    actor.tell(Msg::Add(1));
+    actor.tell(Msg::Fail);
+    match actor.terminated().await.reason {
+        StopReason::Failed(why) => assert!(why.contains("cannot be recreated"), "{why}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    system.shutdown().await;
+}

@@ -1,0 +1,150 @@
+//! [`EntityType`]: what an entity is and how its region runs it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardik_actor::{Actor, ActorSettings, MailboxConfig, SupervisorStrategy};
+
+use crate::error::ShardingError;
+
+/// Default number of shards of an entity type.
+pub const DEFAULT_SHARDS: u32 = 100;
+/// Default limit of messages buffered per entity while it stops.
+pub const DEFAULT_BUFFER_LIMIT: usize = 10_000;
+
+pub(crate) type EntityFactory<A> = Arc<dyn Fn(&str) -> A + Send + Sync>;
+
+/// The definition of an entity type: a name, a factory from entity id to actor, a shard count
+/// and how entities are passivated.
+///
+/// ```
+/// use std::time::Duration;
+/// use shardik_sharding::EntityType;
+/// # use shardik_actor::{Actor, ActorError, Context};
+/// # struct Sensor { id: String }
+/// # impl Actor for Sensor {
+/// #     type Msg = f64;
+/// #     async fn handle(&mut self, _m: f64, _c: &mut Context<Self>) -> Result<(), ActorError> { Ok(()) }
+/// # }
+///
+/// let sensors = EntityType::new("sensor", |id: &str| Sensor { id: id.to_string() })
+///     .shards(256)
+///     .idle_timeout(Duration::from_secs(120))
+///     .max_live_entities(50_000);
+/// # let _ = sensors;
+/// ```
+pub struct EntityType<A: Actor> {
+    pub(crate) name: String,
+    pub(crate) factory: EntityFactory<A>,
+    pub(crate) shards: u32,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) max_live: Option<usize>,
+    pub(crate) buffer_limit: usize,
+    pub(crate) settings: ActorSettings<A::Msg>,
+}
+
+impl<A: Actor> EntityType<A> {
+    /// An entity type called `name` whose entities are made by `factory` from their id. The
+    /// factory is called again when an entity restarts after a failure or comes back after
+    /// passivation.
+    pub fn new(
+        name: impl Into<String>,
+        factory: impl Fn(&str) -> A + Send + Sync + 'static,
+    ) -> Self {
+        EntityType {
+            name: name.into(),
+            factory: Arc::new(factory),
+            shards: DEFAULT_SHARDS,
+            idle_timeout: None,
+            max_live: None,
+            buffer_limit: DEFAULT_BUFFER_LIMIT,
+            settings: ActorSettings::default(),
+        }
+    }
+
+    /// The number of shards (default 100). Pick about ten times the largest number of nodes
+    /// you expect; it cannot change while any node runs the type.
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Passivates an entity that has received no message for `timeout`.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = Some(timeout);
+        self
+    }
+
+    /// Caps the live entities of this type on this node; past the cap the least recently
+    /// used entity is passivated.
+    pub fn max_live_entities(mut self, max: usize) -> Self {
+        self.max_live = Some(max);
+        self
+    }
+
+    /// Caps the messages buffered for one entity while it stops (default 10 000). A message
+    /// over the cap is refused: `try_tell` reports it and `tell` records a dead letter.
+    pub fn buffer_limit(mut self, limit: usize) -> Self {
+        self.buffer_limit = limit;
+        self
+    }
+
+    /// The supervisor strategy of each entity (default: restart, 10 within 60 s).
+    pub fn supervisor(mut self, strategy: SupervisorStrategy) -> Self {
+        self.settings = self.settings.supervisor(strategy);
+        self
+    }
+
+    /// The mailbox of each entity (default unbounded).
+    pub fn mailbox(mut self, mailbox: MailboxConfig) -> Self {
+        self.settings = self.settings.mailbox(mailbox);
+        self
+    }
+
+    /// Messages an entity handles per scheduling turn (default 64).
+    pub fn throughput(mut self, messages: usize) -> Self {
+        self.settings = self.settings.throughput(messages);
+        self
+    }
+
+    /// The type's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ShardingError> {
+        let problem = if self.name.is_empty() {
+            Some("the type name is empty".to_string())
+        } else if self.shards == 0 {
+            Some("the shard count must be at least 1".to_string())
+        } else if self.max_live == Some(0) {
+            Some("max_live_entities must be at least 1".to_string())
+        } else if self.idle_timeout == Some(Duration::ZERO) {
+            Some("idle_timeout must be longer than zero".to_string())
+        } else if self.buffer_limit == 0 {
+            Some("buffer_limit must be at least 1".to_string())
+        } else {
+            None
+        };
+        match problem {
+            Some(problem) => Err(ShardingError::InvalidSettings {
+                name: self.name.clone(),
+                problem,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<A: Actor> std::fmt::Debug for EntityType<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EntityType")
+            .field("name", &self.name)
+            .field("shards", &self.shards)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_live", &self.max_live)
+            .field("buffer_limit", &self.buffer_limit)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}

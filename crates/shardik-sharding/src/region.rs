@@ -1,0 +1,351 @@
+//! The region: the node-local home of one entity type. It routes `(entity id, message)` to the
+//! shard's [`ShardState`], spawns entity actors on demand, and runs passivation.
+//!
+//! Routing happens on the caller's thread: hash the id, lock the one shard, queue the message
+//! into the entity's mailbox. There is no region actor on the hot path, so a `tell` to a live
+//! entity costs one hash, one short lock and one mailbox push.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use lru::LruCache;
+use parking_lot::Mutex;
+use shardik_actor::{
+    Actor, ActorRef, ActorSettings, ActorSystem, Props, StopReason, TellError, Termination,
+};
+
+use crate::entity::{EntityFactory, EntityType};
+use crate::hash::{shard_of, ShardId};
+use crate::shard::{AfterStop, Delivery, Ended, EntityHandle, EntityId, ShardState};
+use crate::stats::RegionStats;
+
+/// The type-erased face of a region, behind [`Region`](crate::Region).
+pub(crate) trait RegionCore<M>: Send + Sync + 'static {
+    fn deliver(&self, shard: ShardId, id: &str, msg: M) -> Result<(), TellError<M>>;
+    fn shard_count(&self) -> u32;
+    fn type_name(&self) -> &str;
+    fn system(&self) -> &ActorSystem;
+    fn stats(&self) -> RegionStats;
+    fn passivate(&self, id: &str) -> bool;
+}
+
+/// A live entity incarnation as the shard sees it.
+pub(crate) struct EntityCell<M>(ActorRef<M>);
+
+impl<M: Send + 'static> EntityHandle<M> for EntityCell<M> {
+    fn incarnation(&self) -> u64 {
+        self.0.id().as_u64()
+    }
+
+    #[inline]
+    fn try_tell(&self, msg: M) -> Result<(), TellError<M>> {
+        self.0.try_tell(msg)
+    }
+
+    fn passivate(&self) {
+        self.0.graceful_stop();
+    }
+}
+
+/// The sans-IO shard state as this region holds it.
+type LocalShard<M> = ShardState<M, EntityCell<M>>;
+
+#[derive(Default)]
+struct Counters {
+    spawned: AtomicU64,
+    passivated_idle: AtomicU64,
+    passivated_lru: AtomicU64,
+    rejected: AtomicU64,
+}
+
+pub(crate) struct LocalRegion<A: Actor> {
+    type_name: Arc<str>,
+    system: ActorSystem,
+    shard_count: u32,
+    shards: Box<[Mutex<LocalShard<A::Msg>>]>,
+    factory: EntityFactory<A>,
+    settings: Arc<ActorSettings<A::Msg>>,
+    lru: Option<Mutex<LruCache<EntityId, ()>>>,
+    max_live: usize,
+    /// Coarse milliseconds since start, advanced by the idle sweeper.
+    clock: AtomicU64,
+    counters: Counters,
+}
+
+impl<A: Actor> LocalRegion<A> {
+    pub(crate) fn start(system: &ActorSystem, entity: EntityType<A>) -> Arc<Self> {
+        let EntityType {
+            name,
+            factory,
+            shards,
+            idle_timeout,
+            max_live,
+            buffer_limit,
+            settings,
+        } = entity;
+        let region = Arc::new_cyclic(|me: &Weak<LocalRegion<A>>| {
+            let me = me.clone();
+            let settings = settings.on_termination(move |t: Termination<A::Msg>| {
+                if let Some(region) = me.upgrade() {
+                    region.on_terminated(t);
+                } else {
+                    // The system (which owns the region) is being torn down.
+                    drop(t);
+                }
+            });
+            LocalRegion {
+                type_name: name.into(),
+                system: system.clone(),
+                shard_count: shards,
+                shards: (0..shards)
+                    .map(|_| Mutex::new(ShardState::new(buffer_limit)))
+                    .collect(),
+                factory,
+                settings: Arc::new(settings),
+                lru: max_live.map(|_| Mutex::new(LruCache::unbounded())),
+                max_live: max_live.unwrap_or(usize::MAX),
+                clock: AtomicU64::new(0),
+                counters: Counters::default(),
+            }
+        });
+        if let Some(timeout) = idle_timeout {
+            spawn_idle_sweeper(&region, timeout);
+        }
+        tracing::info!(
+            entity_type = %region.type_name,
+            shards,
+            ?idle_timeout,
+            ?max_live,
+            "entity type started"
+        );
+        region
+    }
+
+    fn spawn_entity(&self, id: &EntityId) -> EntityCell<A::Msg> {
+        let factory = self.factory.clone();
+        let key = id.clone();
+        let props =
+            Props::with_settings(move || factory(&key), self.settings.clone()).name(id.clone());
+        self.counters.spawned.fetch_add(1, Ordering::Relaxed);
+        EntityCell(self.system.spawn_props(props))
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
+    /// Under the shard lock: LRU bookkeeping after a delivery. Returns victims to passivate
+    /// once the lock is released.
+    fn track(&self, id: &str, delivery: &Delivery<A::Msg>, victims: &mut Vec<EntityId>) {
+        let Some(lru) = &self.lru else { return };
+        let mut lru = lru.lock();
+        match delivery {
+            Delivery::Delivered => {
+                lru.promote(id);
+            }
+            Delivery::Spawned | Delivery::Rejected(TellError::Stopped(_)) => {
+                lru.put(EntityId::from(id), ());
+                self.evict_over_cap(&mut lru, victims);
+            }
+            Delivery::Buffered => {
+                lru.pop(id);
+            }
+            Delivery::Rejected(TellError::MailboxFull(_)) => {}
+        }
+    }
+
+    fn evict_over_cap(&self, lru: &mut LruCache<EntityId, ()>, victims: &mut Vec<EntityId>) {
+        while lru.len() > self.max_live {
+            match lru.pop_lru() {
+                Some((victim, ())) => victims.push(victim),
+                None => break,
+            }
+        }
+    }
+
+    fn passivate_victims(&self, victims: Vec<EntityId>) {
+        for victim in victims {
+            let shard = shard_of(&victim, self.shard_count);
+            if self.shards[shard as usize].lock().passivate(&victim) {
+                self.counters.passivated_lru.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("shardik_passivations_total", "entity_type" => self.type_name.to_string(), "reason" => "max_live").increment(1);
+            }
+        }
+    }
+
+    fn on_terminated(&self, t: Termination<A::Msg>) {
+        let Some(id) = t.name else { return };
+        let shard = shard_of(&id, self.shard_count);
+        let ended = Ended {
+            incarnation: t.id.as_u64(),
+            undelivered: t.undelivered,
+            failed: matches!(t.reason, StopReason::Failed(_)),
+        };
+        let respawn = !self.system.is_shutting_down();
+        let mut victims = Vec::new();
+        let after = {
+            let mut state = self.shards[shard as usize].lock();
+            let after = state.terminated(&id, ended, respawn, self.now(), |key| {
+                self.spawn_entity(key)
+            });
+            if let Some(lru) = &self.lru {
+                let mut lru = lru.lock();
+                match &after {
+                    AfterStop::Respawned { .. } => {
+                        lru.put(id.clone(), ());
+                        self.evict_over_cap(&mut lru, &mut victims);
+                    }
+                    AfterStop::Removed | AfterStop::Dropped(_) => {
+                        lru.pop(&*id);
+                    }
+                    AfterStop::Stale => {}
+                }
+            }
+            after
+        };
+        self.passivate_victims(victims);
+        let dropped = match after {
+            AfterStop::Dropped(msgs) => msgs,
+            AfterStop::Respawned { dropped, .. } => dropped,
+            AfterStop::Removed | AfterStop::Stale => Vec::new(),
+        };
+        for msg in dropped {
+            drop(msg);
+            let reason = if respawn {
+                "entity failed with messages queued"
+            } else {
+                "entity stopped by shutdown with messages queued"
+            };
+            self.dead_letter(&id, reason);
+        }
+    }
+
+    fn dead_letter(&self, id: &str, reason: &'static str) {
+        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        self.system.record_dead_letter(
+            &format_args!("{}/{}", self.type_name, id),
+            std::any::type_name::<A::Msg>(),
+            reason,
+        );
+    }
+
+    /// One pass of the idle sweeper at coarse time `now`: passivates entities untouched since
+    /// `cutoff`.
+    fn sweep(&self, now: u64, cutoff: u64) {
+        self.clock.store(now, Ordering::Relaxed);
+        for shard in self.shards.iter() {
+            let mut state = shard.lock();
+            if state.active() == 0 {
+                continue;
+            }
+            for id in state.idle_since(cutoff) {
+                if state.passivate(&id) {
+                    self.counters
+                        .passivated_idle
+                        .fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("shardik_passivations_total", "entity_type" => self.type_name.to_string(), "reason" => "idle").increment(1);
+                    if let Some(lru) = &self.lru {
+                        lru.lock().pop(&*id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn spawn_idle_sweeper<A: Actor>(region: &Arc<LocalRegion<A>>, timeout: Duration) {
+    // Touch times are recorded at the sweeper's granularity, so an entity is passivated after
+    // at least `timeout` and at most `timeout + 2 * tick` of silence.
+    let tick = (timeout / 8).clamp(Duration::from_millis(1), Duration::from_secs(5));
+    let weak = Arc::downgrade(region);
+    let system = region.system.clone();
+    let timeout_ms = timeout.as_millis() as u64;
+    let tick_ms = tick.as_millis() as u64;
+    region.system.runtime().spawn(async move {
+        let start = tokio::time::Instant::now();
+        let mut ticks = tokio::time::interval(tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = system.shutdown_started() => return,
+            }
+            let Some(region) = weak.upgrade() else { return };
+            let now = start.elapsed().as_millis() as u64;
+            if let Some(cutoff) = now.checked_sub(timeout_ms + tick_ms) {
+                region.sweep(now, cutoff);
+            } else {
+                region.clock.store(now, Ordering::Relaxed);
+            }
+        }
+    });
+}
+
+impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
+    #[inline]
+    fn deliver(&self, shard: ShardId, id: &str, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
+        let mut victims = Vec::new();
+        let delivery = {
+            let mut state = self.shards[shard as usize].lock();
+            let delivery = state.deliver(id, msg, self.now(), |key| self.spawn_entity(key));
+            self.track(id, &delivery, &mut victims);
+            delivery
+        };
+        if !victims.is_empty() {
+            self.passivate_victims(victims);
+        }
+        match delivery {
+            Delivery::Delivered | Delivery::Spawned | Delivery::Buffered => Ok(()),
+            Delivery::Rejected(e) => {
+                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    fn shard_count(&self) -> u32 {
+        self.shard_count
+    }
+
+    fn type_name(&self) -> &str {
+        &self.type_name
+    }
+
+    fn system(&self) -> &ActorSystem {
+        &self.system
+    }
+
+    fn passivate(&self, id: &str) -> bool {
+        let shard = shard_of(id, self.shard_count);
+        let done = self.shards[shard as usize].lock().passivate(id);
+        if done {
+            if let Some(lru) = &self.lru {
+                lru.lock().pop(id);
+            }
+        }
+        done
+    }
+
+    fn stats(&self) -> RegionStats {
+        let mut stats = RegionStats {
+            type_name: self.type_name.to_string(),
+            shards: self.shard_count,
+            spawned_total: self.counters.spawned.load(Ordering::Relaxed),
+            passivated_idle_total: self.counters.passivated_idle.load(Ordering::Relaxed),
+            passivated_lru_total: self.counters.passivated_lru.load(Ordering::Relaxed),
+            rejected_total: self.counters.rejected.load(Ordering::Relaxed),
+            ..RegionStats::default()
+        };
+        for shard in self.shards.iter() {
+            let state = shard.lock();
+            if !state.is_empty() {
+                stats.active_shards += 1;
+            }
+            stats.active_entities += state.active();
+            stats.stopping_entities += state.len() - state.active();
+            stats.buffered_messages += state.buffered();
+        }
+        stats
+    }
+}

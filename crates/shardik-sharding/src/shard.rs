@@ -1,0 +1,570 @@
+//! The lifecycle of the entities of one shard, as a plain state machine.
+//!
+//! [`ShardState`] does no IO and knows no runtime: it is driven with deliveries, passivation
+//! requests and termination notices, and it talks to entities through an [`EntityHandle`].
+//! The region wraps one `ShardState` per shard in a lock and supplies real actor handles; the
+//! tests below supply recording fakes.
+//!
+//! Per entity id there is at most one live incarnation. An entity is either `Active` (messages
+//! go straight into its mailbox) or `Stopping` (it was asked to passivate, or it stopped
+//! itself): messages for it wait in a bounded per-entity buffer. When the incarnation has
+//! terminated, the messages it accepted but never handled come back and, followed by the
+//! buffer, are delivered to a new incarnation in their original order. Nothing is lost.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use shardik_actor::TellError;
+
+/// An entity id, shared between the shard's map and the entity actor's name.
+pub type EntityId = Arc<str>;
+
+/// How the shard reaches one entity incarnation.
+pub trait EntityHandle<M> {
+    /// Identifies this incarnation (different for every spawn).
+    fn incarnation(&self) -> u64;
+    /// Puts `msg` into the mailbox, or hands it back: `Stopped` if the incarnation no longer
+    /// accepts messages (it is terminating), `MailboxFull` if its bounded mailbox is full.
+    fn try_tell(&self, msg: M) -> Result<(), TellError<M>>;
+    /// Asks the incarnation to stop after handling everything already in its mailbox.
+    fn passivate(&self);
+}
+
+enum Slot<M, H> {
+    Active {
+        handle: H,
+        touched: u64,
+    },
+    Stopping {
+        incarnation: u64,
+        buffer: VecDeque<M>,
+    },
+}
+
+/// What happened to a delivered message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Delivery<M> {
+    /// Queued in the live incarnation's mailbox.
+    Delivered,
+    /// A new incarnation was spawned and the message queued in its mailbox.
+    Spawned,
+    /// The entity is stopping; the message waits for its next incarnation.
+    Buffered,
+    /// Not accepted: `MailboxFull` if the entity's buffer or bounded mailbox is full,
+    /// `Stopped` if a fresh incarnation refused it (the system is shutting down).
+    Rejected(TellError<M>),
+}
+
+/// The end of one incarnation, as reported by its termination hook.
+#[derive(Debug)]
+pub struct Ended<M> {
+    /// Which incarnation ended.
+    pub incarnation: u64,
+    /// Messages it accepted but never handled, in arrival order.
+    pub undelivered: Vec<M>,
+    /// True if it stopped because it kept failing (its supervisor gave up).
+    pub failed: bool,
+}
+
+/// What a termination notice led to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AfterStop<M> {
+    /// The entity is gone; nothing was waiting for it.
+    Removed,
+    /// Messages were waiting: a new incarnation was spawned and got them.
+    Respawned {
+        /// How many messages were handed to the new incarnation.
+        delivered: usize,
+        /// Messages that could not be handed on (dropped backlog of a failed incarnation, or
+        /// refused by a full bounded mailbox); the caller records them as dead letters.
+        dropped: Vec<M>,
+    },
+    /// The messages could not be handed on (the incarnation failed for good, or the
+    /// system is shutting down); the caller records them as dead letters.
+    Dropped(Vec<M>),
+    /// The notice was about an incarnation this shard no longer tracks; ignored.
+    Stale,
+}
+
+/// The entities of one shard.
+pub struct ShardState<M, H> {
+    entities: HashMap<EntityId, Slot<M, H>>,
+    buffer_limit: usize,
+    active: usize,
+}
+
+impl<M, H: EntityHandle<M>> ShardState<M, H> {
+    /// An empty shard whose stopping entities buffer at most `buffer_limit` messages each.
+    pub fn new(buffer_limit: usize) -> Self {
+        ShardState {
+            entities: HashMap::new(),
+            buffer_limit: buffer_limit.max(1),
+            active: 0,
+        }
+    }
+
+    /// Routes `msg` to entity `id` at coarse time `now`, spawning it with `spawn` if it has
+    /// no incarnation.
+    pub fn deliver(
+        &mut self,
+        id: &str,
+        msg: M,
+        now: u64,
+        spawn: impl FnOnce(&EntityId) -> H,
+    ) -> Delivery<M> {
+        match self.entities.get_mut(id) {
+            Some(Slot::Active { handle, touched }) => match handle.try_tell(msg) {
+                Ok(()) => {
+                    *touched = now;
+                    Delivery::Delivered
+                }
+                Err(TellError::MailboxFull(msg)) => Delivery::Rejected(TellError::MailboxFull(msg)),
+                Err(TellError::Stopped(msg)) => {
+                    // It is terminating on its own (it stopped itself or failed): buffer
+                    // until its termination notice arrives.
+                    let incarnation = handle.incarnation();
+                    let mut buffer = VecDeque::new();
+                    buffer.push_back(msg);
+                    self.entities.insert(
+                        id.into(),
+                        Slot::Stopping {
+                            incarnation,
+                            buffer,
+                        },
+                    );
+                    self.active -= 1;
+                    Delivery::Buffered
+                }
+            },
+            Some(Slot::Stopping { buffer, .. }) => {
+                if buffer.len() >= self.buffer_limit {
+                    Delivery::Rejected(TellError::MailboxFull(msg))
+                } else {
+                    buffer.push_back(msg);
+                    Delivery::Buffered
+                }
+            }
+            None => {
+                let key: EntityId = id.into();
+                let handle = spawn(&key);
+                let result = handle.try_tell(msg);
+                self.entities.insert(
+                    key,
+                    Slot::Active {
+                        handle,
+                        touched: now,
+                    },
+                );
+                self.active += 1;
+                match result {
+                    Ok(()) => Delivery::Spawned,
+                    Err(e) => Delivery::Rejected(e),
+                }
+            }
+        }
+    }
+
+    /// Starts passivating entity `id`: it handles what its mailbox holds, then stops; new
+    /// messages wait in the shard. Returns false if it is not active.
+    pub fn passivate(&mut self, id: &str) -> bool {
+        let Some(slot) = self.entities.get_mut(id) else {
+            return false;
+        };
+        let Slot::Active { handle, .. } = slot else {
+            return false;
+        };
+        handle.passivate();
+        let incarnation = handle.incarnation();
+        *slot = Slot::Stopping {
+            incarnation,
+            buffer: VecDeque::new(),
+        };
+        self.active -= 1;
+        true
+    }
+
+    /// Handles the end of an incarnation of entity `id`. `respawn` says whether new
+    /// incarnations may be started (false during shutdown); `now` is the coarse time.
+    pub fn terminated(
+        &mut self,
+        id: &str,
+        ended: Ended<M>,
+        respawn: bool,
+        now: u64,
+        spawn: impl FnOnce(&EntityId) -> H,
+    ) -> AfterStop<M> {
+        let Ended {
+            incarnation,
+            undelivered,
+            failed,
+        } = ended;
+        let matches = match self.entities.get(id) {
+            Some(Slot::Active { handle, .. }) => handle.incarnation() == incarnation,
+            Some(Slot::Stopping { incarnation: i, .. }) => *i == incarnation,
+            None => false,
+        };
+        if !matches {
+            return if undelivered.is_empty() {
+                AfterStop::Stale
+            } else {
+                AfterStop::Dropped(undelivered)
+            };
+        }
+        let (key, slot) = self.entities.remove_entry(id).expect("checked above");
+        let buffer = match slot {
+            Slot::Active { .. } => {
+                self.active -= 1;
+                VecDeque::new()
+            }
+            Slot::Stopping { buffer, .. } => buffer,
+        };
+        if failed {
+            // The failed incarnation's own backlog is dropped (it may hold the message that
+            // keeps failing it); messages sent while it was stopping start a new one.
+            if !buffer.is_empty() && respawn {
+                let mut dropped = undelivered;
+                let (delivered, refused) = self.respawn(key, buffer.into_iter(), now, spawn);
+                dropped.extend(refused);
+                return AfterStop::Respawned { delivered, dropped };
+            }
+            let mut all = undelivered;
+            all.extend(buffer);
+            return if all.is_empty() {
+                AfterStop::Removed
+            } else {
+                AfterStop::Dropped(all)
+            };
+        }
+        if undelivered.is_empty() && buffer.is_empty() {
+            return AfterStop::Removed;
+        }
+        if !respawn {
+            let mut all = undelivered;
+            all.extend(buffer);
+            return AfterStop::Dropped(all);
+        }
+        let (delivered, dropped) =
+            self.respawn(key, undelivered.into_iter().chain(buffer), now, spawn);
+        AfterStop::Respawned { delivered, dropped }
+    }
+
+    fn respawn(
+        &mut self,
+        key: EntityId,
+        messages: impl Iterator<Item = M>,
+        now: u64,
+        spawn: impl FnOnce(&EntityId) -> H,
+    ) -> (usize, Vec<M>) {
+        let handle = spawn(&key);
+        let mut delivered = 0;
+        let mut refused = Vec::new();
+        for msg in messages {
+            // A fresh incarnation accepts unless its bounded mailbox is full or the system
+            // is stopping it.
+            match handle.try_tell(msg) {
+                Ok(()) => delivered += 1,
+                Err(e) => refused.push(e.into_inner()),
+            }
+        }
+        self.entities.insert(
+            key,
+            Slot::Active {
+                handle,
+                touched: now,
+            },
+        );
+        self.active += 1;
+        (delivered, refused)
+    }
+
+    /// Active entities not touched since `cutoff` (coarse time).
+    pub fn idle_since(&self, cutoff: u64) -> Vec<EntityId> {
+        self.entities
+            .iter()
+            .filter_map(|(id, slot)| match slot {
+                Slot::Active { touched, .. } if *touched <= cutoff => Some(id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Entities with a live incarnation that accepts messages.
+    pub fn active(&self) -> usize {
+        self.active
+    }
+
+    /// Entities with an incarnation, active or stopping.
+    pub fn len(&self) -> usize {
+        self.entities.len()
+    }
+
+    /// True if the shard tracks no entity.
+    pub fn is_empty(&self) -> bool {
+        self.entities.is_empty()
+    }
+
+    /// Messages waiting in the buffers of stopping entities.
+    pub fn buffered(&self) -> usize {
+        self.entities
+            .values()
+            .map(|s| match s {
+                Slot::Stopping { buffer, .. } => buffer.len(),
+                Slot::Active { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// Whether entity `id` is active (true), stopping (false) or unknown (None).
+    pub fn is_active(&self, id: &str) -> Option<bool> {
+        self.entities
+            .get(id)
+            .map(|s| matches!(s, Slot::Active { .. }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// A fake incarnation: a mailbox we can inspect and close.
+    #[derive(Clone)]
+    struct Fake {
+        inc: u64,
+        inbox: Rc<RefCell<Vec<u32>>>,
+        closed: Rc<RefCell<bool>>,
+        passivated: Rc<RefCell<bool>>,
+    }
+
+    impl EntityHandle<u32> for Fake {
+        fn incarnation(&self) -> u64 {
+            self.inc
+        }
+        fn try_tell(&self, msg: u32) -> Result<(), TellError<u32>> {
+            if *self.closed.borrow() {
+                Err(TellError::Stopped(msg))
+            } else {
+                self.inbox.borrow_mut().push(msg);
+                Ok(())
+            }
+        }
+        fn passivate(&self) {
+            *self.passivated.borrow_mut() = true;
+        }
+    }
+
+    #[derive(Default)]
+    struct Spawner {
+        next: u64,
+        spawned: Vec<Fake>,
+    }
+
+    impl Spawner {
+        fn spawn(&mut self) -> Fake {
+            self.next += 1;
+            let f = Fake {
+                inc: self.next,
+                inbox: Default::default(),
+                closed: Default::default(),
+                passivated: Default::default(),
+            };
+            self.spawned.push(f.clone());
+            f
+        }
+    }
+
+    #[test]
+    fn first_message_spawns_then_delivers() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        assert_eq!(s.deliver("a", 1, 0, |_| sp.spawn()), Delivery::Spawned);
+        assert_eq!(s.deliver("a", 2, 0, |_| sp.spawn()), Delivery::Delivered);
+        assert_eq!(sp.spawned.len(), 1);
+        assert_eq!(*sp.spawned[0].inbox.borrow(), vec![1, 2]);
+        assert_eq!(s.active(), 1);
+    }
+
+    #[test]
+    fn passivation_buffers_and_respawns_with_everything_in_order() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        s.deliver("a", 1, 0, |_| sp.spawn());
+        s.deliver("a", 2, 0, |_| sp.spawn());
+        assert!(s.passivate("a"));
+        assert!(*sp.spawned[0].passivated.borrow());
+        assert_eq!(s.deliver("a", 3, 0, |_| sp.spawn()), Delivery::Buffered);
+        assert_eq!(s.deliver("a", 4, 0, |_| sp.spawn()), Delivery::Buffered);
+        // It terminates having handled 1 but not 2 (e.g. the stop raced): 2 comes back.
+        let after = s.terminated(
+            "a",
+            Ended {
+                incarnation: 1,
+                undelivered: vec![2],
+                failed: false,
+            },
+            true,
+            0,
+            |_| sp.spawn(),
+        );
+        assert_eq!(
+            after,
+            AfterStop::Respawned {
+                delivered: 3,
+                dropped: vec![]
+            }
+        );
+        assert_eq!(*sp.spawned[1].inbox.borrow(), vec![2, 3, 4]);
+        assert_eq!(s.active(), 1);
+    }
+
+    #[test]
+    fn passivation_without_waiting_messages_removes() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        s.deliver("a", 1, 0, |_| sp.spawn());
+        s.passivate("a");
+        assert_eq!(
+            s.terminated(
+                "a",
+                Ended {
+                    incarnation: 1,
+                    undelivered: vec![],
+                    failed: false
+                },
+                true,
+                0,
+                |_| sp.spawn()
+            ),
+            AfterStop::Removed
+        );
+        assert!(s.is_empty());
+        assert_eq!(s.active(), 0);
+    }
+
+    #[test]
+    fn entity_that_stops_itself_gets_buffered_messages_in_next_incarnation() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        s.deliver("a", 1, 0, |_| sp.spawn());
+        *sp.spawned[0].closed.borrow_mut() = true; // it called ctx.stop()
+        assert_eq!(s.deliver("a", 2, 0, |_| sp.spawn()), Delivery::Buffered);
+        let after = s.terminated(
+            "a",
+            Ended {
+                incarnation: 1,
+                undelivered: vec![],
+                failed: false,
+            },
+            true,
+            0,
+            |_| sp.spawn(),
+        );
+        assert_eq!(
+            after,
+            AfterStop::Respawned {
+                delivered: 1,
+                dropped: vec![]
+            }
+        );
+        assert_eq!(*sp.spawned[1].inbox.borrow(), vec![2]);
+    }
+
+    #[test]
+    fn buffer_is_bounded() {
+        let mut s = ShardState::new(2);
+        let mut sp = Spawner::default();
+        s.deliver("a", 1, 0, |_| sp.spawn());
+        s.passivate("a");
+        assert_eq!(s.deliver("a", 2, 0, |_| sp.spawn()), Delivery::Buffered);
+        assert_eq!(s.deliver("a", 3, 0, |_| sp.spawn()), Delivery::Buffered);
+        assert!(matches!(
+            s.deliver("a", 4, 0, |_| sp.spawn()),
+            Delivery::Rejected(TellError::MailboxFull(4))
+        ));
+        assert_eq!(s.buffered(), 2);
+    }
+
+    #[test]
+    fn stale_notice_is_ignored() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        s.deliver("a", 1, 0, |_| sp.spawn());
+        assert_eq!(
+            s.terminated(
+                "a",
+                Ended {
+                    incarnation: 99,
+                    undelivered: vec![],
+                    failed: false
+                },
+                true,
+                0,
+                |_| sp.spawn()
+            ),
+            AfterStop::Stale
+        );
+        assert_eq!(s.active(), 1);
+    }
+
+    #[test]
+    fn failed_incarnation_drops_its_backlog_but_not_later_messages() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        s.deliver("a", 1, 0, |_| sp.spawn());
+        *sp.spawned[0].closed.borrow_mut() = true;
+        s.deliver("a", 5, 0, |_| sp.spawn());
+        let after = s.terminated(
+            "a",
+            Ended {
+                incarnation: 1,
+                undelivered: vec![2, 3],
+                failed: true,
+            },
+            true,
+            0,
+            |_| sp.spawn(),
+        );
+        assert_eq!(
+            after,
+            AfterStop::Respawned {
+                delivered: 1,
+                dropped: vec![2, 3]
+            }
+        );
+        assert_eq!(*sp.spawned[1].inbox.borrow(), vec![5]);
+    }
+
+    #[test]
+    fn no_respawn_during_shutdown() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        s.deliver("a", 1, 0, |_| sp.spawn());
+        s.passivate("a");
+        s.deliver("a", 2, 0, |_| sp.spawn());
+        assert_eq!(
+            s.terminated(
+                "a",
+                Ended {
+                    incarnation: 1,
+                    undelivered: vec![],
+                    failed: false
+                },
+                false,
+                0,
+                |_| sp.spawn()
+            ),
+            AfterStop::Dropped(vec![2])
+        );
+        assert_eq!(sp.spawned.len(), 1);
+    }
+
+    #[test]
+    fn idle_detection_uses_last_touch() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        s.deliver("a", 1, 5, |_| sp.spawn());
+        s.deliver("b", 1, 10, |_| sp.spawn());
+        assert_eq!(s.idle_since(7), vec![EntityId::from("a")]);
+    }
+}
