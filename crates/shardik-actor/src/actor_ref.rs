@@ -114,7 +114,10 @@ impl<M: Send + 'static> ActorRef<M> {
     }
 
     /// Stops the actor after it has handled every message queued before this call. Messages
-    /// queued afterwards are refused (dead letters) or handed to the termination hook.
+    /// queued afterwards are not handled: until the actor reaches the stop they are still
+    /// accepted, then handed to the termination hook (or counted as dead letters without one);
+    /// after it has stopped they are refused as dead letters. The stop marker takes one slot
+    /// of a bounded mailbox.
     pub fn graceful_stop(&self) {
         self.target.graceful_stop();
     }

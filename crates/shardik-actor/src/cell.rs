@@ -481,12 +481,20 @@ impl<A: Actor> Cell<A> {
             }
         }
         match &self.settings.on_termination {
-            Some(hook) => hook(Termination {
-                id: self.id,
-                name: self.name.clone(),
-                reason,
-                undelivered,
-            }),
+            Some(hook) => {
+                let termination = Termination {
+                    id: self.id,
+                    name: self.name.clone(),
+                    reason,
+                    undelivered,
+                };
+                // A panicking hook must not leave the actor half-terminated (its watchers and
+                // a system shutdown would wait forever); what it was handed is lost with it.
+                let res = std::panic::catch_unwind(AssertUnwindSafe(|| hook(termination)));
+                if let Err(panic) = res {
+                    tracing::error!(actor = %self.label(), panic = %panic_message(&*panic), "termination hook panicked; its undelivered messages are lost");
+                }
+            }
             None => {
                 for msg in undelivered {
                     drop(msg);

@@ -172,3 +172,20 @@ async fn shutdown_hands_queued_messages_to_termination_hooks() {
     assert_eq!(*got.lock(), vec![3]);
     assert_eq!(system.dead_letters().total(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_termination_hook_does_not_hang_watchers_or_shutdown() {
+    let system = ActorSystem::new("shutdown-hook-panic");
+    let (w, _probe) = worker();
+    let actor = system.spawn_props(
+        Props::from_instance(w).on_termination(|_t: Termination<WorkMsg>| panic!("hook bug")),
+    );
+    actor.tell(WorkMsg::Item(1));
+    actor.stop();
+    assert_eq!(actor.terminated().await.reason, StopReason::Stopped);
+    assert_eq!(system.live_actors(), 0);
+    system
+        .shutdown_timeout(std::time::Duration::from_secs(5))
+        .await
+        .expect("shutdown completes");
+}

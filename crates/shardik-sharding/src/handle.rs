@@ -94,6 +94,12 @@ impl<M: Send + 'static> Region<M> {
         self.core.stats()
     }
 
+    /// Entities (live or stopping) per shard, indexed by [`ShardId`]: how evenly the ids of
+    /// this region spread over its shards.
+    pub fn shard_entity_counts(&self) -> Vec<usize> {
+        self.core.shard_entities()
+    }
+
     /// The actor system the region runs in.
     pub fn system(&self) -> &ActorSystem {
         self.core.system()

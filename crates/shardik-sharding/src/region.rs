@@ -27,6 +27,7 @@ pub(crate) trait RegionCore<M>: Send + Sync + 'static {
     fn type_name(&self) -> &str;
     fn system(&self) -> &ActorSystem;
     fn stats(&self) -> RegionStats;
+    fn shard_entities(&self) -> Vec<usize>;
     fn passivate(&self, id: &str) -> bool;
 }
 
@@ -347,5 +348,9 @@ impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
             stats.buffered_messages += state.buffered();
         }
         stats
+    }
+
+    fn shard_entities(&self) -> Vec<usize> {
+        self.shards.iter().map(|shard| shard.lock().len()).collect()
     }
 }

@@ -1,1 +1,99 @@
-//! placeholder
+//! # shardik
+//!
+//! An actor runtime with cluster sharding for async Rust. Millions of stateful entities
+//! (accounts, carts, sessions, sensors), each one actor that handles one message at a time,
+//! addressed by id. This crate is the facade: depend on `shardik` and everything you need is
+//! re-exported here.
+//!
+//! - [`actor`]: typed actors, [`ActorRef`] with `tell` and `ask`, supervision, timers, watch,
+//!   dead letters and orderly shutdown ([`ActorSystem`]).
+//! - [`sharding`]: entity types, id → shard hashing, [`Region`] and [`EntityRef`], passivation
+//!   by idle timeout, by a cap on live entities (least recently used first) and on request.
+//!
+//! ## Quickstart
+//!
+//! ```
+//! use std::time::Duration;
+//! use serde::{Deserialize, Serialize};
+//! use shardik::prelude::*;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! enum Counter {
+//!     Add(u64),
+//!     Get(ReplyTo<u64>),
+//! }
+//!
+//! struct CounterEntity {
+//!     total: u64,
+//! }
+//!
+//! impl Actor for CounterEntity {
+//!     type Msg = Counter;
+//!     async fn handle(&mut self, msg: Counter, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+//!         match msg {
+//!             Counter::Add(n) => self.total += n,
+//!             Counter::Get(reply) => reply.reply(self.total),
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let system = ActorSystem::new("quickstart");
+//! let counters = system
+//!     .sharding()
+//!     .start(
+//!         EntityType::new("counter", |_id: &str| CounterEntity { total: 0 })
+//!             .idle_timeout(Duration::from_secs(60)),
+//!     )
+//!     .expect("entity type starts");
+//!
+//! counters.tell("page-a", Counter::Add(2));
+//! let page = counters.entity_ref("page-a");
+//! page.tell(Counter::Add(3));
+//! let total = page.ask(Counter::Get, Duration::from_secs(1)).await.expect("entity answers");
+//! assert_eq!(total, 5);
+//!
+//! system.shutdown().await;
+//! # }
+//! ```
+//!
+//! The guarantees (ordering, delivery, supervision, passivation, shutdown) are written down in
+//! `docs/semantics.md` of the repository; the design is in `ARCHITECTURE.md`.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+/// The local actor runtime (the `shardik-actor` crate).
+pub mod actor {
+    pub use shardik_actor::*;
+}
+
+/// Entities by id over shards (the `shardik-sharding` crate).
+pub mod sharding {
+    pub use shardik_sharding::*;
+}
+
+pub use shardik_actor::{
+    Actor, ActorError, ActorId, ActorRef, ActorSettings, ActorSystem, AskError, Context,
+    DeadLetterStats, MailboxConfig, OverflowPolicy, Props, ReplyTo, RestartPolicy, ShutdownError,
+    StopReason, SupervisorStrategy, SystemConfig, TellError, Terminated, Termination, TimerId,
+};
+pub use shardik_sharding::{
+    shard_of, EntityId, EntityRef, EntityType, Region, RegionStats, ShardId, Sharding,
+    ShardingError, ShardingExt,
+};
+
+/// The names most programs need: `use shardik::prelude::*;`.
+pub mod prelude {
+    pub use shardik_actor::{
+        Actor, ActorError, ActorRef, ActorSystem, AskError, Context, ReplyTo, StopReason,
+        SupervisorStrategy, TellError,
+    };
+    pub use shardik_sharding::{EntityRef, EntityType, Region, ShardingExt};
+}
+
+/// The README's code blocks are compiled and run as doc tests, so the quickstart stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
