@@ -215,12 +215,14 @@ async fn unwatch_suppresses_the_notice() {
     system.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unwatch_suppresses_a_notice_that_is_already_queued() {
-    let system = ActorSystem::new("unwatch-queued");
+/// Watches a target (with `watch` or `watch_with`, per `watch`), then has the watcher stop
+/// the target and unwatch it in one handler, so that a notice may already be queued when the
+/// unwatch happens; no notice may be delivered afterwards.
+async fn unwatch_after_stop_delivers_nothing(name: &str, watch: fn(ActorRef<WorkMsg>) -> WMsg) {
+    let system = ActorSystem::new(name);
     let (w, _events) = watcher(&system);
     let a = target(&system, "a");
-    w.tell(WMsg::Watch(a.clone()));
+    w.tell(watch(a.clone()));
     let done = w
         .ask(
             |r| WMsg::StopThenUnwatch(a.clone(), r),
@@ -239,26 +241,16 @@ async fn unwatch_suppresses_a_notice_that_is_already_queued() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwatch_suppresses_a_notice_that_is_already_queued() {
+    unwatch_after_stop_delivers_nothing("unwatch-queued", WMsg::Watch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unwatch_suppresses_a_watch_with_message_that_is_already_queued() {
-    let system = ActorSystem::new("unwatch-queued-with");
-    let (w, _events) = watcher(&system);
-    let a = target(&system, "a");
-    w.tell(WMsg::WatchWith(a.clone(), "a gone".into()));
-    let done = w
-        .ask(
-            |r| WMsg::StopThenUnwatch(a.clone(), r),
-            Duration::from_secs(5),
-        )
-        .await;
-    assert_eq!(done, Ok(()));
-    // A notice (system message or `watch_with` user message) queued before the unwatch would
-    // be handled before this ask.
-    assert_eq!(
-        log_of(&w).await,
-        vec![],
-        "no notice may be delivered after unwatch returns"
-    );
-    system.shutdown().await;
+    unwatch_after_stop_delivers_nothing("unwatch-queued-with", |a| {
+        WMsg::WatchWith(a, "a gone".into())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -374,12 +374,34 @@ mod tests {
         }
     }
 
+    /// Delivers `msg` to entity "a" at time 0.
+    fn tell(s: &mut ShardState<u32, Fake>, sp: &mut Spawner, msg: u32) -> Delivery<u32> {
+        s.deliver("a", msg, 0, |_| sp.spawn())
+    }
+
+    /// Feeds the termination notice of incarnation `incarnation` of entity "a".
+    fn end(
+        s: &mut ShardState<u32, Fake>,
+        sp: &mut Spawner,
+        incarnation: u64,
+        undelivered: Vec<u32>,
+        failed: bool,
+        respawn: bool,
+    ) -> AfterStop<u32> {
+        let ended = Ended {
+            incarnation,
+            undelivered,
+            failed,
+        };
+        s.terminated("a", ended, respawn, 0, |_| sp.spawn())
+    }
+
     #[test]
     fn first_message_spawns_then_delivers() {
         let mut s = ShardState::new(10);
         let mut sp = Spawner::default();
-        assert_eq!(s.deliver("a", 1, 0, |_| sp.spawn()), Delivery::Spawned);
-        assert_eq!(s.deliver("a", 2, 0, |_| sp.spawn()), Delivery::Delivered);
+        assert_eq!(tell(&mut s, &mut sp, 1), Delivery::Spawned);
+        assert_eq!(tell(&mut s, &mut sp, 2), Delivery::Delivered);
         assert_eq!(sp.spawned.len(), 1);
         assert_eq!(*sp.spawned[0].inbox.borrow(), vec![1, 2]);
         assert_eq!(s.active(), 1);
@@ -389,24 +411,14 @@ mod tests {
     fn passivation_buffers_and_respawns_with_everything_in_order() {
         let mut s = ShardState::new(10);
         let mut sp = Spawner::default();
-        s.deliver("a", 1, 0, |_| sp.spawn());
-        s.deliver("a", 2, 0, |_| sp.spawn());
+        tell(&mut s, &mut sp, 1);
+        tell(&mut s, &mut sp, 2);
         assert!(s.passivate("a"));
         assert!(*sp.spawned[0].passivated.borrow());
-        assert_eq!(s.deliver("a", 3, 0, |_| sp.spawn()), Delivery::Buffered);
-        assert_eq!(s.deliver("a", 4, 0, |_| sp.spawn()), Delivery::Buffered);
+        assert_eq!(tell(&mut s, &mut sp, 3), Delivery::Buffered);
+        assert_eq!(tell(&mut s, &mut sp, 4), Delivery::Buffered);
         // It terminates having handled 1 but not 2 (e.g. the stop raced): 2 comes back.
-        let after = s.terminated(
-            "a",
-            Ended {
-                incarnation: 1,
-                undelivered: vec![2],
-                failed: false,
-            },
-            true,
-            0,
-            |_| sp.spawn(),
-        );
+        let after = end(&mut s, &mut sp, 1, vec![2], false, true);
         assert_eq!(
             after,
             AfterStop::Respawned {
@@ -422,20 +434,10 @@ mod tests {
     fn passivation_without_waiting_messages_removes() {
         let mut s = ShardState::new(10);
         let mut sp = Spawner::default();
-        s.deliver("a", 1, 0, |_| sp.spawn());
+        tell(&mut s, &mut sp, 1);
         s.passivate("a");
         assert_eq!(
-            s.terminated(
-                "a",
-                Ended {
-                    incarnation: 1,
-                    undelivered: vec![],
-                    failed: false
-                },
-                true,
-                0,
-                |_| sp.spawn()
-            ),
+            end(&mut s, &mut sp, 1, vec![], false, true),
             AfterStop::Removed
         );
         assert!(s.is_empty());
@@ -446,20 +448,10 @@ mod tests {
     fn entity_that_stops_itself_gets_buffered_messages_in_next_incarnation() {
         let mut s = ShardState::new(10);
         let mut sp = Spawner::default();
-        s.deliver("a", 1, 0, |_| sp.spawn());
+        tell(&mut s, &mut sp, 1);
         *sp.spawned[0].closed.borrow_mut() = true; // it called ctx.stop()
-        assert_eq!(s.deliver("a", 2, 0, |_| sp.spawn()), Delivery::Buffered);
-        let after = s.terminated(
-            "a",
-            Ended {
-                incarnation: 1,
-                undelivered: vec![],
-                failed: false,
-            },
-            true,
-            0,
-            |_| sp.spawn(),
-        );
+        assert_eq!(tell(&mut s, &mut sp, 2), Delivery::Buffered);
+        let after = end(&mut s, &mut sp, 1, vec![], false, true);
         assert_eq!(
             after,
             AfterStop::Respawned {
@@ -474,12 +466,12 @@ mod tests {
     fn buffer_is_bounded() {
         let mut s = ShardState::new(2);
         let mut sp = Spawner::default();
-        s.deliver("a", 1, 0, |_| sp.spawn());
+        tell(&mut s, &mut sp, 1);
         s.passivate("a");
-        assert_eq!(s.deliver("a", 2, 0, |_| sp.spawn()), Delivery::Buffered);
-        assert_eq!(s.deliver("a", 3, 0, |_| sp.spawn()), Delivery::Buffered);
+        assert_eq!(tell(&mut s, &mut sp, 2), Delivery::Buffered);
+        assert_eq!(tell(&mut s, &mut sp, 3), Delivery::Buffered);
         assert!(matches!(
-            s.deliver("a", 4, 0, |_| sp.spawn()),
+            tell(&mut s, &mut sp, 4),
             Delivery::Rejected(TellError::MailboxFull(4))
         ));
         assert_eq!(s.buffered(), 2);
@@ -489,19 +481,9 @@ mod tests {
     fn stale_notice_is_ignored() {
         let mut s = ShardState::new(10);
         let mut sp = Spawner::default();
-        s.deliver("a", 1, 0, |_| sp.spawn());
+        tell(&mut s, &mut sp, 1);
         assert_eq!(
-            s.terminated(
-                "a",
-                Ended {
-                    incarnation: 99,
-                    undelivered: vec![],
-                    failed: false
-                },
-                true,
-                0,
-                |_| sp.spawn()
-            ),
+            end(&mut s, &mut sp, 99, vec![], false, true),
             AfterStop::Stale
         );
         assert_eq!(s.active(), 1);
@@ -511,20 +493,10 @@ mod tests {
     fn failed_incarnation_drops_its_backlog_but_not_later_messages() {
         let mut s = ShardState::new(10);
         let mut sp = Spawner::default();
-        s.deliver("a", 1, 0, |_| sp.spawn());
+        tell(&mut s, &mut sp, 1);
         *sp.spawned[0].closed.borrow_mut() = true;
-        s.deliver("a", 5, 0, |_| sp.spawn());
-        let after = s.terminated(
-            "a",
-            Ended {
-                incarnation: 1,
-                undelivered: vec![2, 3],
-                failed: true,
-            },
-            true,
-            0,
-            |_| sp.spawn(),
-        );
+        tell(&mut s, &mut sp, 5);
+        let after = end(&mut s, &mut sp, 1, vec![2, 3], true, true);
         assert_eq!(
             after,
             AfterStop::Respawned {
@@ -539,21 +511,11 @@ mod tests {
     fn no_respawn_during_shutdown() {
         let mut s = ShardState::new(10);
         let mut sp = Spawner::default();
-        s.deliver("a", 1, 0, |_| sp.spawn());
+        tell(&mut s, &mut sp, 1);
         s.passivate("a");
-        s.deliver("a", 2, 0, |_| sp.spawn());
+        tell(&mut s, &mut sp, 2);
         assert_eq!(
-            s.terminated(
-                "a",
-                Ended {
-                    incarnation: 1,
-                    undelivered: vec![],
-                    failed: false
-                },
-                false,
-                0,
-                |_| sp.spawn()
-            ),
+            end(&mut s, &mut sp, 1, vec![], false, false),
             AfterStop::Dropped(vec![2])
         );
         assert_eq!(sp.spawned.len(), 1);
