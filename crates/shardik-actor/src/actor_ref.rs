@@ -46,6 +46,19 @@ impl<M: Send + 'static> ActorRef<M> {
         self.target.try_tell(msg)
     }
 
+    /// Queues `msg` even if the actor's bounded mailbox is full; refused (handed back as
+    /// [`TellError::Stopped`]) only if the actor has stopped.
+    ///
+    /// For owners that hand over messages they already accepted on the actor's behalf and
+    /// must not drop, such as a sharding region passing the backlog of a passivated entity to
+    /// its next incarnation. The mailbox then holds more than its capacity until the actor
+    /// catches up, and other senders are refused meanwhile. Everyone else should use
+    /// [`try_tell`](ActorRef::try_tell) or [`send`](ActorRef::send).
+    #[inline]
+    pub fn try_tell_past_bound(&self, msg: M) -> Result<(), TellError<M>> {
+        self.target.try_tell_past_bound(msg)
+    }
+
     /// Queues `msg`, waiting while a bounded mailbox is full (back-pressure). Fails only if
     /// the actor stops. For an unbounded mailbox this is the same as `try_tell`.
     pub async fn send(&self, msg: M) -> Result<(), TellError<M>> {

@@ -47,6 +47,7 @@ pub(crate) trait CellHandle: Send + Sync + 'static {
 /// The typed face of a cell, behind [`ActorRef`](crate::ActorRef).
 pub(crate) trait RefTarget<M>: CellHandle {
     fn try_tell(&self, msg: M) -> Result<(), TellError<M>>;
+    fn try_tell_past_bound(&self, msg: M) -> Result<(), TellError<M>>;
     fn graceful_stop(&self);
     fn space(&self) -> Option<&Notify>;
     fn system(&self) -> &Arc<SystemShared>;
@@ -254,6 +255,12 @@ impl<A: Actor> RefTarget<A::Msg> for Cell<A> {
     #[inline]
     fn try_tell(&self, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
         let pushed = self.mailbox.push(msg)?;
+        self.queued(pushed);
+        Ok(())
+    }
+
+    fn try_tell_past_bound(&self, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
+        let pushed = self.mailbox.push_past_bound(msg)?;
         self.queued(pushed);
         Ok(())
     }

@@ -18,7 +18,9 @@ pub enum MailboxConfig {
     #[default]
     Unbounded,
     /// At most `capacity` messages wait to be taken (the batch the actor is working through is
-    /// not counted, so at most twice `capacity` are held in memory).
+    /// not counted, so at most twice `capacity` are held in memory). The one exception is
+    /// [`ActorRef::try_tell_past_bound`](crate::ActorRef::try_tell_past_bound), with which an
+    /// owner hands over messages it must not drop.
     Bounded {
         /// Messages that may wait.
         capacity: usize,
@@ -122,21 +124,33 @@ impl<M> Mailbox<M> {
 
     /// Queues a user message. The caller schedules the actor afterwards.
     pub(crate) fn push(&self, msg: M) -> Result<Pushed<M>, TellError<M>> {
-        self.push_user(None, msg)
+        self.push_user(None, msg, true)
+    }
+
+    /// Queues a user message even if a bounded mailbox is full (nothing is rejected or
+    /// dropped for it); refused only once the mailbox is closed. See
+    /// [`ActorRef::try_tell_past_bound`](crate::ActorRef::try_tell_past_bound).
+    pub(crate) fn push_past_bound(&self, msg: M) -> Result<Pushed<M>, TellError<M>> {
+        self.push_user(None, msg, false)
     }
 
     /// Queues a `watch_with` notice about the watched actor `of`, like [`push`](Self::push).
     pub(crate) fn push_watched(&self, of: ActorId, msg: M) -> Result<Pushed<M>, TellError<M>> {
-        self.push_user(Some(of), msg)
+        self.push_user(Some(of), msg, true)
     }
 
-    fn push_user(&self, watched: Option<ActorId>, msg: M) -> Result<Pushed<M>, TellError<M>> {
+    fn push_user(
+        &self,
+        watched: Option<ActorId>,
+        msg: M,
+        respect_bound: bool,
+    ) -> Result<Pushed<M>, TellError<M>> {
         let mut lanes = self.lanes.lock();
         if lanes.closed {
             return Err(TellError::Stopped(msg));
         }
         let mut pushed = Pushed::Ok;
-        if let Some(bound) = &self.bounded {
+        if let Some(bound) = self.bounded.as_ref().filter(|_| respect_bound) {
             if lanes.user.len() >= bound.capacity {
                 match bound.overflow {
                     OverflowPolicy::DropNewest => return Err(TellError::MailboxFull(msg)),
@@ -289,6 +303,17 @@ mod tests {
         mb.push(2).ok();
         assert!(matches!(mb.push(3), Ok(Pushed::DroppedOldest(1))));
         assert_eq!(messages(mb.close()), vec![2, 3]);
+    }
+
+    #[test]
+    fn push_past_bound_ignores_the_capacity_but_not_the_close() {
+        let mb = Mailbox::new(&MailboxConfig::bounded(2));
+        mb.push(1).ok();
+        mb.push(2).ok();
+        assert!(matches!(mb.push_past_bound(3), Ok(Pushed::Ok)));
+        assert!(matches!(mb.push(4), Err(TellError::MailboxFull(4))));
+        assert_eq!(messages(mb.close()), vec![1, 2, 3]);
+        assert!(matches!(mb.push_past_bound(5), Err(TellError::Stopped(5))));
     }
 
     #[test]

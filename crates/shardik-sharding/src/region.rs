@@ -44,6 +44,10 @@ impl<M: Send + 'static> EntityHandle<M> for EntityCell<M> {
         self.0.try_tell(msg)
     }
 
+    fn hand_over(&self, msg: M) -> Result<(), TellError<M>> {
+        self.0.try_tell_past_bound(msg)
+    }
+
     fn passivate(&self) {
         self.0.graceful_stop();
     }
@@ -193,9 +197,13 @@ impl<A: Actor> LocalRegion<A> {
             if let Some(lru) = &self.lru {
                 let mut lru = lru.lock();
                 match &after {
-                    AfterStop::Respawned { .. } => {
+                    // A new incarnation that is already stopping again is not live.
+                    AfterStop::Respawned { .. } if state.is_active(&id) == Some(true) => {
                         lru.put(id.clone(), ());
                         self.evict_over_cap(&mut lru, &mut victims);
+                    }
+                    AfterStop::Respawned { .. } => {
+                        lru.pop(&*id);
                     }
                     AfterStop::Removed | AfterStop::Dropped(_) => {
                         lru.pop(&*id);
@@ -256,17 +264,27 @@ impl<A: Actor> LocalRegion<A> {
 }
 
 fn spawn_idle_sweeper<A: Actor>(region: &Arc<LocalRegion<A>>, timeout: Duration) {
-    // Touch times are recorded at the sweeper's granularity, so an entity is passivated after
-    // at least `timeout` and at most `timeout + 2 * tick` of silence.
+    // Deliveries stamp entities with the coarse clock, which only this sweeper advances, so a
+    // stamp `s` means "touched before the clock moved past `s`". That can be much later than
+    // `s + tick` when the sweeper runs late (a busy runtime, a stalled thread), and judging
+    // idleness by `s + tick` then passivated entities that had heard something less than
+    // `timeout` ago. Instead the sweeper remembers the clock values it published: an entity
+    // stamped `s` is idle once the value published after `s` is at least `timeout` old. An
+    // entity is thus passivated after at least `timeout` of silence and, while the sweeper
+    // keeps time, at most `timeout + tick`.
     let tick = (timeout / 8).clamp(Duration::from_millis(1), Duration::from_secs(5));
     let weak = Arc::downgrade(region);
     let system = region.system.clone();
     let timeout_ms = timeout.as_millis() as u64;
-    let tick_ms = tick.as_millis() as u64;
     region.system.runtime().spawn(async move {
         let start = tokio::time::Instant::now();
         let mut ticks = tokio::time::interval(tick);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Clock values published and not yet known to be `timeout` old, oldest first (about
+        // `timeout / tick` of them); the clock starts at 0.
+        let mut published = std::collections::VecDeque::from([0u64]);
+        // Entities stamped at or before this are idle.
+        let mut cutoff = None;
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
@@ -274,10 +292,17 @@ fn spawn_idle_sweeper<A: Actor>(region: &Arc<LocalRegion<A>>, timeout: Duration)
             }
             let Some(region) = weak.upgrade() else { return };
             let now = start.elapsed().as_millis() as u64;
-            if let Some(cutoff) = now.checked_sub(timeout_ms + tick_ms) {
-                region.sweep(now, cutoff);
-            } else {
-                region.clock.store(now, Ordering::Relaxed);
+            if published.back() != Some(&now) {
+                published.push_back(now);
+            }
+            if let Some(horizon) = now.checked_sub(timeout_ms) {
+                while published.len() >= 2 && published[1] <= horizon {
+                    cutoff = published.pop_front();
+                }
+            }
+            match cutoff {
+                Some(cutoff) => region.sweep(now, cutoff),
+                None => region.clock.store(now, Ordering::Relaxed),
             }
         }
     });
@@ -286,6 +311,15 @@ fn spawn_idle_sweeper<A: Actor>(region: &Arc<LocalRegion<A>>, timeout: Duration)
 impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
     #[inline]
     fn deliver(&self, shard: ShardId, id: &str, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
+        // Once the system shuts down no entity handles another message (each is being
+        // stopped) and none may start, so refuse at once: `tell` records the dead letter now,
+        // `try_tell` hands the message back, `ask` fails with `Stopped`. Without this check a
+        // message for an entity without a live incarnation spawned a new one during or after
+        // the shutdown (running its factory and `started` hook) only to have it stopped.
+        if self.system.is_shutting_down() {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(TellError::Stopped(msg));
+        }
         let mut victims = Vec::new();
         let delivery = {
             let mut state = self.shards[shard as usize].lock();

@@ -26,6 +26,12 @@ pub trait EntityHandle<M> {
     /// Puts `msg` into the mailbox, or hands it back: `Stopped` if the incarnation no longer
     /// accepts messages (it is terminating), `MailboxFull` if its bounded mailbox is full.
     fn try_tell(&self, msg: M) -> Result<(), TellError<M>>;
+    /// Puts `msg`, part of the backlog handed to a fresh incarnation, into its mailbox even
+    /// if a bounded mailbox is full: these messages were accepted by the shard already, so
+    /// refusing them would lose them. Hands it back only as `Stopped`. Defaults to `try_tell`.
+    fn hand_over(&self, msg: M) -> Result<(), TellError<M>> {
+        self.try_tell(msg)
+    }
     /// Asks the incarnation to stop after handling everything already in its mailbox.
     fn passivate(&self);
 }
@@ -71,12 +77,13 @@ pub struct Ended<M> {
 pub enum AfterStop<M> {
     /// The entity is gone; nothing was waiting for it.
     Removed,
-    /// Messages were waiting: a new incarnation was spawned and got them.
+    /// Messages were waiting: a new incarnation was spawned and got them. (If it stopped
+    /// before it had taken them all, it is stopping and the rest waits in its buffer.)
     Respawned {
         /// How many messages were handed to the new incarnation.
         delivered: usize,
-        /// Messages that could not be handed on (dropped backlog of a failed incarnation, or
-        /// refused by a full bounded mailbox); the caller records them as dead letters.
+        /// The dropped backlog of a failed incarnation; the caller records them as dead
+        /// letters.
         dropped: Vec<M>,
     },
     /// The messages could not be handed on (the incarnation failed for good, or the
@@ -222,10 +229,11 @@ impl<M, H: EntityHandle<M>> ShardState<M, H> {
             // The failed incarnation's own backlog is dropped (it may hold the message that
             // keeps failing it); messages sent while it was stopping start a new one.
             if !buffer.is_empty() && respawn {
-                let mut dropped = undelivered;
-                let (delivered, refused) = self.respawn(key, buffer.into_iter(), now, spawn);
-                dropped.extend(refused);
-                return AfterStop::Respawned { delivered, dropped };
+                let delivered = self.respawn(key, buffer.into_iter(), now, spawn);
+                return AfterStop::Respawned {
+                    delivered,
+                    dropped: undelivered,
+                };
             }
             let mut all = undelivered;
             all.extend(buffer);
@@ -243,27 +251,47 @@ impl<M, H: EntityHandle<M>> ShardState<M, H> {
             all.extend(buffer);
             return AfterStop::Dropped(all);
         }
-        let (delivered, dropped) =
-            self.respawn(key, undelivered.into_iter().chain(buffer), now, spawn);
-        AfterStop::Respawned { delivered, dropped }
+        let delivered = self.respawn(key, undelivered.into_iter().chain(buffer), now, spawn);
+        AfterStop::Respawned {
+            delivered,
+            dropped: Vec::new(),
+        }
     }
 
+    /// Spawns a new incarnation of `key` and hands it `messages`; returns how many it took.
     fn respawn(
         &mut self,
         key: EntityId,
-        messages: impl Iterator<Item = M>,
+        mut messages: impl Iterator<Item = M>,
         now: u64,
         spawn: impl FnOnce(&EntityId) -> H,
-    ) -> (usize, Vec<M>) {
+    ) -> usize {
         let handle = spawn(&key);
         let mut delivered = 0;
-        let mut refused = Vec::new();
-        for msg in messages {
-            // A fresh incarnation accepts unless its bounded mailbox is full or the system
-            // is stopping it.
-            match handle.try_tell(msg) {
+        while let Some(msg) = messages.next() {
+            // A fresh incarnation accepts the whole backlog, past the bound of a bounded
+            // mailbox (a backlog larger than the mailbox used to be cut off and dropped as
+            // dead letters although every message had been accepted).
+            match handle.hand_over(msg) {
                 Ok(()) => delivered += 1,
-                Err(e) => refused.push(e.into_inner()),
+                Err(refused) => {
+                    // It refuses only once it is stopping: it may already run on another
+                    // thread and stop itself on a message of this very backlog. The rest of
+                    // the backlog then waits, in order, for the incarnation after it (it used
+                    // to be dropped as dead letters).
+                    let incarnation = handle.incarnation();
+                    let mut buffer = VecDeque::new();
+                    buffer.push_back(refused.into_inner());
+                    buffer.extend(messages);
+                    self.entities.insert(
+                        key,
+                        Slot::Stopping {
+                            incarnation,
+                            buffer,
+                        },
+                    );
+                    return delivered;
+                }
             }
         }
         self.entities.insert(
@@ -274,7 +302,7 @@ impl<M, H: EntityHandle<M>> ShardState<M, H> {
             },
         );
         self.active += 1;
-        (delivered, refused)
+        delivered
     }
 
     /// Active entities not touched since `cutoff` (coarse time).
@@ -335,6 +363,8 @@ mod tests {
         inbox: Rc<RefCell<Vec<u32>>>,
         closed: Rc<RefCell<bool>>,
         passivated: Rc<RefCell<bool>>,
+        /// Closes itself once its inbox holds this many messages (it stopped itself).
+        close_after: Option<usize>,
     }
 
     impl EntityHandle<u32> for Fake {
@@ -346,6 +376,9 @@ mod tests {
                 Err(TellError::Stopped(msg))
             } else {
                 self.inbox.borrow_mut().push(msg);
+                if self.close_after == Some(self.inbox.borrow().len()) {
+                    *self.closed.borrow_mut() = true;
+                }
                 Ok(())
             }
         }
@@ -358,6 +391,8 @@ mod tests {
     struct Spawner {
         next: u64,
         spawned: Vec<Fake>,
+        /// `close_after` of the fakes spawned from now on.
+        close_after: Option<usize>,
     }
 
     impl Spawner {
@@ -368,6 +403,7 @@ mod tests {
                 inbox: Default::default(),
                 closed: Default::default(),
                 passivated: Default::default(),
+                close_after: self.close_after,
             };
             self.spawned.push(f.clone());
             f
@@ -505,6 +541,40 @@ mod tests {
             }
         );
         assert_eq!(*sp.spawned[1].inbox.borrow(), vec![5]);
+    }
+
+    #[test]
+    fn a_new_incarnation_that_stops_during_the_handover_keeps_the_rest_buffered() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        tell(&mut s, &mut sp, 1);
+        s.passivate("a");
+        for msg in 2..=5 {
+            assert_eq!(tell(&mut s, &mut sp, msg), Delivery::Buffered);
+        }
+        // The next incarnation runs at once and stops itself after taking two messages.
+        sp.close_after = Some(2);
+        assert_eq!(
+            end(&mut s, &mut sp, 1, vec![], false, true),
+            AfterStop::Respawned {
+                delivered: 2,
+                dropped: vec![]
+            }
+        );
+        assert_eq!(*sp.spawned[1].inbox.borrow(), vec![2, 3]);
+        assert_eq!(s.is_active("a"), Some(false));
+        assert_eq!((s.active(), s.buffered()), (0, 2));
+        sp.close_after = None;
+        assert_eq!(tell(&mut s, &mut sp, 6), Delivery::Buffered);
+        assert_eq!(
+            end(&mut s, &mut sp, 2, vec![], false, true),
+            AfterStop::Respawned {
+                delivered: 3,
+                dropped: vec![]
+            }
+        );
+        assert_eq!(*sp.spawned[2].inbox.borrow(), vec![4, 5, 6]);
+        assert_eq!(s.active(), 1);
     }
 
     #[test]
