@@ -2,17 +2,32 @@
 //!
 //! Scheduling: `sched` is `IDLE` while no task runs the actor. Whoever queues work and wins the
 //! `IDLE -> SCHEDULED` exchange spawns one run task. The run task takes the [`RunState`] out of
-//! its slot, handles messages in batches, and on an empty mailbox puts the state back, stores
-//! `IDLE` and checks the mailbox once more (a sender that queued meanwhile saw `SCHEDULED` and
-//! did not spawn, so the run task must look again). `TERMINATED` is final.
+//! its slot, handles messages in batches, and on an empty mailbox puts the state back and
+//! stores `IDLE` under the mailbox lock, only if the mailbox is still empty then (a sender that
+//! queued before saw `SCHEDULED` and did not spawn, so the run task must see its message; a
+//! sender that queues after sees `IDLE` and spawns). `TERMINATED` is final.
+//!
+//! Lingering: spawning a task per turn costs an allocation and a hand-off, which dominates
+//! when an actor receives a message every few microseconds (ping-pong, request/response). A
+//! *hot* actor (its previous turn ended less than [`LINGER`] ago) therefore keeps its task:
+//! it registers its waker, stores `PARKED`, looks at the mailbox once more and sleeps until a
+//! sender moves `PARKED -> HANDOFF` and wakes it (no spawn), or until [`LINGER`] passes
+//! without work, when it takes the normal idle path above. Only the parked task leaves
+//! `HANDOFF` and only it moves `PARKED` anywhere but `HANDOFF`, so there is never more than
+//! one task that owns the run state. Actors that receive rarely never linger, so an idle
+//! actor still costs no task.
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
+use futures_util::task::AtomicWaker;
 use futures_util::FutureExt;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -22,13 +37,21 @@ use crate::context::Context;
 use crate::dead_letters::DeadReason;
 use crate::error::TellError;
 use crate::mailbox::{Envelope, Mailbox, Pushed, SystemMessage};
-use crate::props::{ActorSettings, Factory, Props};
+use crate::props::{Factory, Props, SettingsRef};
 use crate::supervision::{RestartWindow, SupervisorStrategy};
 use crate::system::SystemShared;
 
 const IDLE: u8 = 0;
 const SCHEDULED: u8 = 1;
 const TERMINATED: u8 = 2;
+/// A run task is parked on `Cell::waker`, still owning the run state.
+const PARKED: u8 = 3;
+/// A sender has handed the next turn to the parked run task and woken it.
+const HANDOFF: u8 = 4;
+
+/// How recently an actor must have finished a turn to keep its task parked between turns,
+/// and how long it stays parked without work before giving the task up.
+pub(crate) const LINGER: Duration = Duration::from_millis(1);
 
 pub(crate) type WatchNotify = Box<dyn FnOnce(&Terminated) + Send>;
 
@@ -73,9 +96,11 @@ pub(crate) struct Extras {
 /// What the run task owns while it runs; parked in the cell between turns.
 pub(crate) struct RunState<A: Actor> {
     actor: Option<A>,
-    factory: Factory<A>,
+    factory: Option<Factory<A>>,
     restarts: RestartWindow,
     started: bool,
+    /// When the last turn that handled messages ended: decides whether the actor is hot.
+    last_turn_end: Option<tokio::time::Instant>,
 }
 
 pub(crate) struct Cell<A: Actor> {
@@ -87,8 +112,10 @@ pub(crate) struct Cell<A: Actor> {
     sched: AtomicU8,
     pub(crate) mailbox: Mailbox<A::Msg>,
     run: Mutex<Option<Box<RunState<A>>>>,
-    settings: Arc<ActorSettings<A::Msg>>,
+    settings: SettingsRef<A::Msg>,
     extras: Mutex<Option<Box<Extras>>>,
+    /// The parked run task, while `sched` is `PARKED` (see the module docs).
+    waker: AtomicWaker,
 }
 
 impl<A: Actor> Cell<A> {
@@ -102,16 +129,18 @@ impl<A: Actor> Cell<A> {
             system: system.clone(),
             parent,
             sched: AtomicU8::new(SCHEDULED),
-            mailbox: Mailbox::new(&props.settings.mailbox),
+            mailbox: Mailbox::new(props.settings.mailbox()),
             run: Mutex::new(None),
             settings: props.settings,
             extras: Mutex::new(None),
+            waker: AtomicWaker::new(),
         });
         let state = Box::new(RunState {
-            actor: None,
+            actor: props.instance,
             factory: props.factory,
             restarts: RestartWindow::default(),
             started: false,
+            last_turn_end: None,
         });
         *cell.run.lock() = Some(state);
         system.actor_started();
@@ -119,16 +148,29 @@ impl<A: Actor> Cell<A> {
         cell
     }
 
+    /// Makes sure a run task will look at the mailbox: spawns one if the actor is idle, wakes
+    /// the parked one if it lingers, and does nothing if one is running.
     #[inline]
     fn schedule(&self) {
-        if self.sched.load(Ordering::Acquire) == IDLE
-            && self
+        let mut state = self.sched.load(Ordering::Acquire);
+        loop {
+            let next = match state {
+                IDLE => SCHEDULED,
+                PARKED => HANDOFF,
+                _ => return,
+            };
+            match self
                 .sched
-                .compare_exchange(IDLE, SCHEDULED, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            if let Some(cell) = self.me.upgrade() {
-                self.system.runtime.spawn(run(cell));
+                .compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) if next == HANDOFF => return self.waker.wake(),
+                Ok(_) => {
+                    if let Some(cell) = self.me.upgrade() {
+                        self.system.runtime.spawn(run(cell));
+                    }
+                    return;
+                }
+                Err(now) => state = now,
             }
         }
     }
@@ -309,7 +351,7 @@ enum Decision {
 
 impl<A: Actor> Cell<A> {
     fn decide(&self, st: &mut RunState<A>, error: String) -> Decision {
-        match &self.settings.supervisor {
+        match self.settings.supervisor() {
             SupervisorStrategy::Stop => {
                 tracing::warn!(actor = %self.label(), %error, "actor failed; stopping it");
                 Decision::Stop(error)
@@ -348,13 +390,18 @@ impl<A: Actor> Cell<A> {
         ctx: &mut Context<A>,
     ) -> Result<(), String> {
         loop {
-            let made = std::panic::catch_unwind(AssertUnwindSafe(|| (st.factory)()));
-            let actor = match made {
-                Ok(Some(actor)) => actor,
-                Ok(None) => return Err(
+            // The spawner's own instance is used for the first incarnation only: every restart
+            // discards the failed instance first.
+            let made = match (st.actor.take(), &st.factory) {
+                (Some(actor), _) => Ok(actor),
+                (None, Some(factory)) => std::panic::catch_unwind(AssertUnwindSafe(factory)),
+                (None, None) => return Err(
                     "the actor cannot be recreated: it was spawned from an instance, not a factory"
                         .into(),
                 ),
+            };
+            let actor = match made {
+                Ok(actor) => actor,
                 Err(panic) => {
                     let error = format!("factory panicked: {}", panic_message(&*panic));
                     match self.decide(st, error) {
@@ -478,6 +525,7 @@ impl<A: Actor> Cell<A> {
             name: self.name.clone(),
             reason: reason.clone(),
         };
+        self.waker.take();
         self.sched.store(TERMINATED, Ordering::Release);
         match &self.parent {
             Parent::System => self.system.remove_top_level(self.id),
@@ -487,7 +535,7 @@ impl<A: Actor> Cell<A> {
                 }
             }
         }
-        match &self.settings.on_termination {
+        match self.settings.on_termination() {
             Some(hook) => {
                 let termination = Termination {
                     id: self.id,
@@ -529,6 +577,57 @@ async fn sleep_if(d: std::time::Duration) {
     }
 }
 
+/// Boxes a cold-path future so the hot run loop's state machine stays small (it is moved into
+/// every task spawned for a turn).
+fn cold<'a, T>(
+    f: impl Future<Output = T> + Send + 'a,
+) -> Pin<Box<dyn Future<Output = T> + Send + 'a>> {
+    Box::pin(f)
+}
+
+/// Parks a lingering run task until a sender hands it work (true) or `sleep` fires first
+/// (false). The caller has found the mailbox empty and holds the run state.
+async fn park<A: Actor>(cell: &Cell<A>, sleep: Pin<&mut tokio::time::Sleep>) -> bool {
+    let mut sleep = sleep;
+    let mut parked = false;
+    std::future::poll_fn(|cx| {
+        cell.waker.register(cx.waker());
+        if !parked {
+            parked = true;
+            cell.sched.store(PARKED, Ordering::SeqCst);
+            // A sender that queued after the mailbox looked empty saw `SCHEDULED` and left it
+            // to us: look once more.
+            if cell.mailbox.has_work() {
+                return Poll::Ready(cell.unpark());
+            }
+        }
+        if cell.sched.load(Ordering::Acquire) == HANDOFF {
+            cell.sched.store(SCHEDULED, Ordering::Release);
+            return Poll::Ready(true);
+        }
+        if sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(cell.unpark());
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+impl<A: Actor> Cell<A> {
+    /// Takes the turn back from `PARKED` (or from `HANDOFF`, if a sender got there first).
+    /// True if a sender had handed over work.
+    fn unpark(&self) -> bool {
+        let handed = self
+            .sched
+            .compare_exchange(PARKED, SCHEDULED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err();
+        if handed {
+            self.sched.store(SCHEDULED, Ordering::Release);
+        }
+        handed || self.mailbox.has_work()
+    }
+}
+
 /// One scheduling of an actor: runs until its mailbox is empty or it stops.
 async fn run<A: Actor>(cell: Arc<Cell<A>>) {
     let Some(mut st) = cell.run.lock().take() else {
@@ -537,15 +636,15 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
     };
     let mut ctx = Context::new(cell.clone());
     let mut batch: VecDeque<Envelope<A::Msg>> = VecDeque::new();
+    let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
     if !st.started {
         st.started = true;
-        if let Err(reason) = cell.start_incarnation(&mut st, &mut ctx).await {
-            cell.finish(st, &mut ctx, batch, StopReason::Failed(reason))
-                .await;
+        if let Err(reason) = cold(cell.start_incarnation(&mut st, &mut ctx)).await {
+            cold(cell.finish(st, &mut ctx, batch, StopReason::Failed(reason))).await;
             return;
         }
     }
-    let throughput = cell.settings.throughput;
+    let throughput = cell.settings.throughput();
     loop {
         let mut budget = throughput;
         loop {
@@ -553,7 +652,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                 for sys in cell.mailbox.take_system() {
                     match sys {
                         SystemMessage::Stop => {
-                            cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
+                            cold(cell.finish(st, &mut ctx, batch, StopReason::Stopped)).await;
                             return;
                         }
                         SystemMessage::Terminated(t) => {
@@ -563,11 +662,12 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                             let Some(actor) = st.actor.as_mut() else {
                                 continue;
                             };
-                            if let Err(error) = guarded(actor.terminated(&mut ctx, t)).await {
-                                if let Err(reason) = cell.on_failure(&mut st, &mut ctx, error).await
-                                {
-                                    cell.finish(st, &mut ctx, batch, StopReason::Failed(reason))
-                                        .await;
+                            let res = cold(guarded(actor.terminated(&mut ctx, t))).await;
+                            if let Err(error) = res {
+                                let res = cold(cell.on_failure(&mut st, &mut ctx, error)).await;
+                                if let Err(reason) = res {
+                                    let reason = StopReason::Failed(reason);
+                                    cold(cell.finish(st, &mut ctx, batch, reason)).await;
                                     return;
                                 }
                             }
@@ -576,7 +676,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                 }
             }
             if ctx.stop_requested() {
-                cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
+                cold(cell.finish(st, &mut ctx, batch, StopReason::Stopped)).await;
                 return;
             }
             let envelope = match batch.pop_front() {
@@ -590,7 +690,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
             };
             let msg = match envelope {
                 Envelope::GracefulStop => {
-                    cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
+                    cold(cell.finish(st, &mut ctx, batch, StopReason::Stopped)).await;
                     return;
                 }
                 Envelope::User(msg) => msg,
@@ -606,9 +706,9 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                 continue;
             };
             if let Err(error) = guarded(actor.handle(msg, &mut ctx)).await {
-                if let Err(reason) = cell.on_failure(&mut st, &mut ctx, error).await {
-                    cell.finish(st, &mut ctx, batch, StopReason::Failed(reason))
-                        .await;
+                if let Err(reason) = cold(cell.on_failure(&mut st, &mut ctx, error)).await {
+                    let reason = StopReason::Failed(reason);
+                    cold(cell.finish(st, &mut ctx, batch, reason)).await;
                     return;
                 }
             }
@@ -619,25 +719,80 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
             }
         }
         if ctx.stop_requested() {
-            cell.finish(st, &mut ctx, batch, StopReason::Stopped).await;
+            cold(cell.finish(st, &mut ctx, batch, StopReason::Stopped)).await;
             return;
         }
-        // Mailbox empty: park the state and go idle, then look once more (see module docs).
-        cell.mailbox.release_spare();
-        *cell.run.lock() = Some(st);
-        cell.sched.store(IDLE, Ordering::SeqCst);
-        if cell.mailbox.has_work()
-            && cell
-                .sched
-                .compare_exchange(IDLE, SCHEDULED, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        {
-            match cell.run.lock().take() {
-                Some(s) => st = s,
-                None => return,
+        // Mailbox empty. A hot actor keeps its task for a while (see module docs).
+        let now = tokio::time::Instant::now();
+        let hot = st
+            .last_turn_end
+            .is_some_and(|end| now.saturating_duration_since(end) < LINGER);
+        st.last_turn_end = Some(now);
+        if hot {
+            let sleep = match &mut linger {
+                Some(sleep) => {
+                    sleep.as_mut().reset(now + LINGER);
+                    sleep
+                }
+                None => linger.insert(Box::pin(tokio::time::sleep_until(now + LINGER))),
+            };
+            if park(&cell, sleep.as_mut()).await {
+                continue;
             }
-            continue;
+            st.last_turn_end = Some(tokio::time::Instant::now());
         }
-        return;
+        // Park the state and go idle unless work arrived meanwhile (see module docs). The
+        // waker of this task must not outlive it in the cell.
+        cell.waker.take();
+        *cell.run.lock() = Some(st);
+        if cell
+            .mailbox
+            .go_idle(|| cell.sched.store(IDLE, Ordering::SeqCst))
+        {
+            return;
+        }
+        match cell.run.lock().take() {
+            Some(s) => st = s,
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nop;
+
+    impl Actor for Nop {
+        type Msg = u64;
+        async fn handle(&mut self, _m: u64, _c: &mut Context<Self>) -> Result<(), ActorError> {
+            Ok(())
+        }
+    }
+
+    /// Every turn of an actor that does not linger moves the run future into a new task, and
+    /// every actor holds a cell: guard their sizes against silent growth (the idle-memory
+    /// benchmark reports the whole cost per actor).
+    #[tokio::test]
+    async fn the_run_future_and_the_cell_stay_small() {
+        let system = crate::ActorSystem::new("sizes");
+        let cell = Cell::spawn(&system.shared, Parent::System, Props::from_instance(Nop));
+        let turn = run(cell.clone());
+        assert!(
+            std::mem::size_of_val(&turn) <= 512,
+            "run future: {} B",
+            std::mem::size_of_val(&turn)
+        );
+        drop(turn);
+        assert!(
+            std::mem::size_of::<Cell<Nop>>() <= 256,
+            "cell: {} B",
+            std::mem::size_of::<Cell<Nop>>()
+        );
+        assert!(std::mem::size_of::<RunState<Nop>>() <= 96);
+        // Not registered as a top-level actor: stop it by hand before the system shuts down.
+        cell.send_system(SystemMessage::Stop);
+        system.shutdown().await;
     }
 }

@@ -236,15 +236,22 @@ impl<M> Mailbox<M> {
         !lanes.user.is_empty() || !lanes.system.is_empty()
     }
 
-    /// Gives back buffer memory while the actor is idle.
-    pub(crate) fn release_spare(&self) {
+    /// If both lanes are empty, gives back buffer memory and runs `mark_idle` under the lock,
+    /// so no message can be queued between the check and the mark (a sender queues under the
+    /// lock and schedules after it). Returns false, without calling `mark_idle`, if work waits.
+    pub(crate) fn go_idle(&self, mark_idle: impl FnOnce()) -> bool {
         let mut lanes = self.lanes.lock();
-        if lanes.user.is_empty() && lanes.user.capacity() > 8 {
+        if !lanes.user.is_empty() || !lanes.system.is_empty() {
+            return false;
+        }
+        if lanes.user.capacity() > 8 {
             lanes.user = VecDeque::new();
         }
-        if lanes.system.is_empty() && lanes.system.capacity() > 0 {
+        if lanes.system.capacity() > 0 {
             lanes.system = Vec::new();
         }
+        mark_idle();
+        true
     }
 
     /// Closes the mailbox and returns the user lane's envelopes that were never taken.

@@ -6,8 +6,66 @@ use crate::actor::{Actor, Termination};
 use crate::mailbox::MailboxConfig;
 use crate::supervision::SupervisorStrategy;
 
-pub(crate) type Factory<A> = Box<dyn FnMut() -> Option<A> + Send>;
+pub(crate) type Factory<A> = Box<dyn Fn() -> A + Send>;
 type TerminationHook<M> = Arc<dyn Fn(Termination<M>) + Send + Sync>;
+
+/// The settings of an actor spawned from an instance with nothing changed: a constant, so
+/// spawning one allocates no settings of its own.
+static INSTANCE_SUPERVISOR: SupervisorStrategy = SupervisorStrategy::Stop;
+static INSTANCE_MAILBOX: MailboxConfig = MailboxConfig::Unbounded;
+
+/// Where a cell finds its settings.
+pub(crate) enum SettingsRef<M> {
+    /// The defaults of [`Props::from_instance`].
+    Instance,
+    /// Settings chosen (and possibly shared) by the spawner.
+    Shared(Arc<ActorSettings<M>>),
+}
+
+impl<M> SettingsRef<M> {
+    pub(crate) fn supervisor(&self) -> &SupervisorStrategy {
+        match self {
+            SettingsRef::Instance => &INSTANCE_SUPERVISOR,
+            SettingsRef::Shared(s) => &s.supervisor,
+        }
+    }
+
+    pub(crate) fn mailbox(&self) -> &MailboxConfig {
+        match self {
+            SettingsRef::Instance => &INSTANCE_MAILBOX,
+            SettingsRef::Shared(s) => &s.mailbox,
+        }
+    }
+
+    pub(crate) fn throughput(&self) -> usize {
+        match self {
+            SettingsRef::Instance => DEFAULT_THROUGHPUT,
+            SettingsRef::Shared(s) => s.throughput,
+        }
+    }
+
+    pub(crate) fn on_termination(&self) -> Option<&TerminationHook<M>> {
+        match self {
+            SettingsRef::Instance => None,
+            SettingsRef::Shared(s) => s.on_termination.as_ref(),
+        }
+    }
+
+    fn to_settings(&self) -> ActorSettings<M> {
+        match self {
+            SettingsRef::Instance => {
+                ActorSettings::default().supervisor(INSTANCE_SUPERVISOR.clone())
+            }
+            SettingsRef::Shared(s) => (**s).clone(),
+        }
+    }
+}
+
+impl<M> std::fmt::Debug for SettingsRef<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.to_settings().fmt(f)
+    }
+}
 
 /// Default number of messages an actor handles per scheduling turn.
 pub const DEFAULT_THROUGHPUT: usize = 64;
@@ -114,9 +172,12 @@ impl<M> ActorSettings<M> {
 /// # let _ = props;
 /// ```
 pub struct Props<A: Actor> {
-    pub(crate) factory: Factory<A>,
+    /// Recreates the actor for restarts; `None` for an actor spawned from an instance.
+    pub(crate) factory: Option<Factory<A>>,
+    /// The first instance, if the spawner made it.
+    pub(crate) instance: Option<A>,
     pub(crate) name: Option<Arc<str>>,
-    pub(crate) settings: Arc<ActorSettings<A::Msg>>,
+    pub(crate) settings: SettingsRef<A::Msg>,
 }
 
 impl<A: Actor> Props<A> {
@@ -132,9 +193,10 @@ impl<A: Actor> Props<A> {
         settings: Arc<ActorSettings<A::Msg>>,
     ) -> Self {
         Props {
-            factory: Box::new(move || Some(factory())),
+            factory: Some(Box::new(factory)),
+            instance: None,
             name: None,
-            settings,
+            settings: SettingsRef::Shared(settings),
         }
     }
 
@@ -142,11 +204,11 @@ impl<A: Actor> Props<A> {
     /// [`SupervisorStrategy::Stop`]; `Resume` works too, and `Restart` stops it at its first
     /// failure (there is nothing to restart it from).
     pub fn from_instance(actor: A) -> Self {
-        let mut slot = Some(actor);
         Props {
-            factory: Box::new(move || slot.take()),
+            factory: None,
+            instance: Some(actor),
             name: None,
-            settings: Arc::new(ActorSettings::default().supervisor(SupervisorStrategy::Stop)),
+            settings: SettingsRef::Instance,
         }
     }
 
@@ -181,14 +243,15 @@ impl<A: Actor> Props<A> {
     }
 
     fn update(mut self, f: impl FnOnce(&mut ActorSettings<A::Msg>)) -> Self {
-        match Arc::get_mut(&mut self.settings) {
-            Some(s) => f(s),
-            None => {
-                let mut s = (*self.settings).clone();
-                f(&mut s);
-                self.settings = Arc::new(s);
+        if let SettingsRef::Shared(shared) = &mut self.settings {
+            if let Some(s) = Arc::get_mut(shared) {
+                f(s);
+                return self;
             }
         }
+        let mut s = self.settings.to_settings();
+        f(&mut s);
+        self.settings = SettingsRef::Shared(Arc::new(s));
         self
     }
 }

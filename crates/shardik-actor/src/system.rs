@@ -95,7 +95,7 @@ impl SystemShared {
 /// a tokio runtime (or be given one in [`SystemConfig::runtime`]); actors run on that runtime.
 #[derive(Clone)]
 pub struct ActorSystem {
-    shared: Arc<SystemShared>,
+    pub(crate) shared: Arc<SystemShared>,
 }
 
 impl ActorSystem {
@@ -234,6 +234,7 @@ impl ActorSystem {
     /// are handed to termination hooks or counted as dead letters.
     pub async fn shutdown(&self) {
         self.begin_shutdown();
+        let mut first = true;
         loop {
             let notified = self.shared.all_stopped.notified();
             tokio::pin!(notified);
@@ -241,8 +242,12 @@ impl ActorSystem {
             if self.live_actors() == 0 {
                 return;
             }
-            // Actors spawned by stop hooks during shutdown are stopped too.
-            self.stop_top_level();
+            // `begin_shutdown` has just stopped every top-level actor, and anything spawned
+            // after it is stopped at birth; on later rounds, stop again whatever is left.
+            if !first {
+                self.stop_top_level();
+            }
+            first = false;
             notified.await;
         }
     }
