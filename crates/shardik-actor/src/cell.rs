@@ -1,13 +1,14 @@
 //! The actor cell: state, mailbox, scheduling flag, and the run loop that drives it.
 //!
 //! Scheduling: `sched` is `IDLE` while no task runs the actor. Whoever queues work and wins the
-//! `IDLE -> SCHEDULED` exchange spawns one run task. The run task takes the [`RunState`] out of
+//! `IDLE -> SCHEDULED` exchange hands one turn to the dispatcher (see `dispatcher.rs`), which
+//! polls it inline and spawns it as a task only if it has to wait. The run task takes the [`RunState`] out of
 //! its slot, handles messages in batches, and on an empty mailbox puts the state back and
 //! stores `IDLE` under the mailbox lock, only if the mailbox is still empty then (a sender that
 //! queued before saw `SCHEDULED` and did not spawn, so the run task must see its message; a
 //! sender that queues after sees `IDLE` and spawns). `TERMINATED` is final.
 //!
-//! Lingering: spawning a task per turn costs an allocation and a hand-off, which dominates
+//! Lingering: even a dispatched turn costs a queue round trip and an allocation, which dominates
 //! when an actor receives a message every few microseconds (ping-pong, request/response). A
 //! *hot* actor (its previous turn ended less than [`LINGER`] ago) therefore keeps its task:
 //! it registers its waker, stores `PARKED`, looks at the mailbox once more and sleeps until a
@@ -35,6 +36,7 @@ use tokio::sync::Notify;
 use crate::actor::{Actor, ActorError, ActorId, StopReason, Terminated, Termination};
 use crate::context::Context;
 use crate::dead_letters::DeadReason;
+use crate::dispatcher::{Runnable, Turn};
 use crate::error::TellError;
 use crate::mailbox::{Envelope, Mailbox, Pushed, SystemMessage};
 use crate::props::{Factory, Props, SettingsRef};
@@ -144,7 +146,7 @@ impl<A: Actor> Cell<A> {
         });
         *cell.run.lock() = Some(state);
         system.actor_started();
-        system.runtime.spawn(run(cell.clone()));
+        cell.dispatch();
         cell
     }
 
@@ -164,14 +166,16 @@ impl<A: Actor> Cell<A> {
                 .compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) if next == HANDOFF => return self.waker.wake(),
-                Ok(_) => {
-                    if let Some(cell) = self.me.upgrade() {
-                        self.system.runtime.spawn(run(cell));
-                    }
-                    return;
-                }
+                Ok(_) => return self.dispatch(),
                 Err(now) => state = now,
             }
+        }
+    }
+
+    /// Hands a turn of this actor to the system's dispatcher.
+    fn dispatch(&self) {
+        if let Some(cell) = self.me.upgrade() {
+            self.system.dispatcher.dispatch(&self.system.runtime, cell);
         }
     }
 
@@ -242,6 +246,12 @@ impl<A: Actor> Cell<A> {
 fn short_type_name<T>() -> &'static str {
     let full = std::any::type_name::<T>();
     full.rsplit("::").next().unwrap_or(full)
+}
+
+impl<A: Actor> Runnable for Cell<A> {
+    fn turn(self: Arc<Self>) -> Turn {
+        Box::pin(run(self))
+    }
 }
 
 impl<A: Actor> CellHandle for Cell<A> {

@@ -54,6 +54,7 @@ mod actor_ref;
 mod cell;
 mod context;
 mod dead_letters;
+mod dispatcher;
 mod error;
 mod mailbox;
 mod props;

@@ -13,6 +13,7 @@ use crate::actor::{Actor, ActorId};
 use crate::actor_ref::ActorRef;
 use crate::cell::{Cell, CellHandle, Parent};
 use crate::dead_letters::{DeadLetterStats, DeadLetters, DeadReason};
+use crate::dispatcher::Dispatcher;
 use crate::mailbox::SystemMessage;
 use crate::props::Props;
 
@@ -62,6 +63,13 @@ pub(crate) struct SystemShared {
     shutting_down: AtomicBool,
     shutdown_signal: watch::Sender<bool>,
     extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    pub(crate) dispatcher: Arc<Dispatcher>,
+}
+
+impl Drop for SystemShared {
+    fn drop(&mut self) {
+        self.dispatcher.close();
+    }
 }
 
 impl SystemShared {
@@ -133,6 +141,7 @@ impl ActorSystem {
                 shutting_down: AtomicBool::new(false),
                 shutdown_signal,
                 extensions: Mutex::new(HashMap::new()),
+                dispatcher: Dispatcher::new(),
             }),
         }
     }
