@@ -74,6 +74,12 @@ pub mod sharding {
     pub use shardik_sharding::*;
 }
 
+/// Nodes talking to each other: frames over TCP, handshake, TLS, remote refs (the
+/// `shardik-remote` crate). See `docs/remoting.md` for what is secure and what is not.
+pub mod remote {
+    pub use shardik_remote::*;
+}
+
 pub use shardik_actor::{
     Actor, ActorError, ActorId, ActorRef, ActorSettings, ActorSystem, AskError, Context,
     DeadLetterStats, MailboxConfig, OverflowPolicy, Props, ReplyTo, RestartPolicy, ShutdownError,

@@ -1,0 +1,184 @@
+//! [`RemoteConfig`]: everything a node needs to join the network.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::codec::DEFAULT_MAX_FRAME_LEN;
+use crate::fault::FaultInjector;
+use crate::tls::TlsConfig;
+
+/// Settings of one node's remote layer. Build with [`RemoteConfig::new`] and the setters.
+///
+/// ```
+/// use std::time::Duration;
+/// use shardik_remote::RemoteConfig;
+/// let cfg = RemoteConfig::new("node-1", "prod")
+///     .bind("0.0.0.0:2552")
+///     .advertise("10.0.0.5:2552")
+///     .secret(b"a long random shared secret".to_vec())
+///     .outbound_queue(50_000)
+///     .heartbeat(Duration::from_millis(500), Duration::from_secs(5));
+/// assert_eq!(cfg.node_id, "node-1");
+/// ```
+#[derive(Clone, Debug)]
+pub struct RemoteConfig {
+    /// Human-readable node id, such as `"worker-east"`.
+    pub node_id: String,
+    /// Cluster name; nodes with different names refuse each other.
+    pub cluster: String,
+    /// Address to listen on; port 0 asks the OS for a free port (see [`crate::Remote::addr`]).
+    pub bind: String,
+    /// Address other nodes reach this one at; defaults to the bound address. Needed when
+    /// binding to `0.0.0.0` or behind NAT.
+    pub advertise: Option<String>,
+    /// Shared secret for the handshake's challenge-response. `None` authenticates nothing:
+    /// anyone who can reach the port can send messages to registered actors.
+    pub secret: Option<Arc<[u8]>>,
+    /// Largest frame body accepted or sent, in bytes (default 4 MiB). A larger incoming
+    /// length prefix closes the connection; a larger outgoing message is refused at the sender.
+    pub max_frame_len: usize,
+    /// Capacity of the user lane toward one peer, in frames (default 100 000). When full, new
+    /// messages are dropped (drop newest) and recorded as dead letters.
+    pub outbound_queue: usize,
+    /// Capacity of the control lane toward one peer, in frames (default 1 024).
+    pub control_queue: usize,
+    /// Most user frames the writer encodes into one write (default 1 024).
+    pub write_batch_frames: usize,
+    /// Time allowed to connect and complete a handshake (default 5 s).
+    pub handshake_timeout: Duration,
+    /// First reconnect delay (default 100 ms); doubled after each failure up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Largest reconnect delay (default 5 s).
+    pub backoff_max: Duration,
+    /// Heartbeat period on the control lane (default 1 s).
+    pub heartbeat_interval: Duration,
+    /// A connection that receives nothing (not even a heartbeat) for this long is closed
+    /// (default 10 s).
+    pub idle_timeout: Duration,
+    /// A reply slot exported in a message (a `ReplyTo`) is forgotten after this long without
+    /// an answer (default 10 min); asks forget theirs at their own timeout.
+    pub max_reply_wait: Duration,
+    /// Kernel send and receive buffer size for every connection, in bytes (default `None`:
+    /// the OS autotunes them). Smaller buffers bound how many user bytes can sit in the
+    /// kernel ahead of a heartbeat (control-lane latency under a flood) at the cost of
+    /// throughput on links with a large bandwidth-delay product.
+    pub socket_buffer: Option<u32>,
+    /// Mutual TLS for every connection (default none: plain TCP).
+    pub tls: Option<TlsConfig>,
+    /// Fault injection for tests (default none).
+    pub faults: Option<FaultInjector>,
+}
+
+impl RemoteConfig {
+    /// A configuration for node `node_id` in cluster `cluster`, listening on `127.0.0.1:0`,
+    /// with no secret and the defaults above.
+    pub fn new(node_id: impl Into<String>, cluster: impl Into<String>) -> Self {
+        RemoteConfig {
+            node_id: node_id.into(),
+            cluster: cluster.into(),
+            bind: "127.0.0.1:0".into(),
+            advertise: None,
+            secret: None,
+            max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            outbound_queue: 100_000,
+            control_queue: 1_024,
+            write_batch_frames: 1_024,
+            handshake_timeout: Duration::from_secs(5),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(10),
+            max_reply_wait: Duration::from_secs(600),
+            socket_buffer: None,
+            tls: None,
+            faults: None,
+        }
+    }
+
+    /// Sets the listen address.
+    pub fn bind(mut self, addr: impl Into<String>) -> Self {
+        self.bind = addr.into();
+        self
+    }
+
+    /// Sets the advertised address.
+    pub fn advertise(mut self, addr: impl Into<String>) -> Self {
+        self.advertise = Some(addr.into());
+        self
+    }
+
+    /// Sets the shared secret (use at least 32 random bytes).
+    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into().into());
+        self
+    }
+
+    /// Sets the maximum frame body size.
+    pub fn max_frame_len(mut self, bytes: usize) -> Self {
+        self.max_frame_len = bytes;
+        self
+    }
+
+    /// Sets the user-lane capacity per peer.
+    pub fn outbound_queue(mut self, frames: usize) -> Self {
+        self.outbound_queue = frames;
+        self
+    }
+
+    /// Sets the reconnect backoff bounds.
+    pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max;
+        self
+    }
+
+    /// Sets the heartbeat period and the idle timeout.
+    pub fn heartbeat(mut self, interval: Duration, idle_timeout: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self.idle_timeout = idle_timeout;
+        self
+    }
+
+    /// Sets the handshake timeout.
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Sets the kernel socket buffer sizes (see [`RemoteConfig::socket_buffer`]).
+    pub fn socket_buffer(mut self, bytes: u32) -> Self {
+        self.socket_buffer = Some(bytes);
+        self
+    }
+
+    /// Turns on mutual TLS (see [`TlsConfig`]).
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Installs a fault injector (tests).
+    pub fn faults(mut self, faults: FaultInjector) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.node_id.is_empty() {
+            return Err("node_id must not be empty".into());
+        }
+        if self.max_frame_len < 1024 {
+            return Err("max_frame_len must be at least 1024 bytes".into());
+        }
+        if self.outbound_queue == 0 || self.control_queue == 0 || self.write_batch_frames == 0 {
+            return Err("queue capacities and write_batch_frames must be positive".into());
+        }
+        if self.backoff_min.is_zero() || self.backoff_max < self.backoff_min {
+            return Err("backoff_min must be positive and at most backoff_max".into());
+        }
+        if self.heartbeat_interval.is_zero() || self.idle_timeout <= self.heartbeat_interval {
+            return Err("idle_timeout must exceed a positive heartbeat_interval".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,464 @@
+//! The frames of the remote protocol and their byte layout.
+//!
+//! On the wire every frame is `[u32 big-endian body length][body]` (see [`crate::codec`]). The
+//! body starts with one kind byte:
+//!
+//! | kind | frame | rest of the body |
+//! |---|---|---|
+//! | 1-5 | handshake ([`Hello`], [`Challenge`], [`Response`], [`Accept`], [`Reject`]) | compact MessagePack (structs as arrays) |
+//! | 6, 7 | [`Frame::Heartbeat`], [`Frame::HeartbeatAck`] | `u64` big-endian sequence number |
+//! | 8 | [`Frame::Message`] | `u32` header length, compact MessagePack [`Envelope`] header, then the raw payload |
+//! | 9 | [`Frame::Reply`] | `u64` reply slot id, then the raw payload |
+//! | 10 | [`Frame::ReplyFailed`] | compact MessagePack `(ids, reason)` |
+//!
+//! Payloads are never re-encoded by the transport: the user's bytes (MessagePack with named
+//! fields) are appended after the header, and on the receiving side the payload is a
+//! [`Bytes`] slice of the received frame (no copy).
+
+use std::sync::Arc;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::error::FrameError;
+
+/// The protocol version this build speaks. A peer with another version is refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+const KIND_HELLO: u8 = 1;
+const KIND_CHALLENGE: u8 = 2;
+const KIND_RESPONSE: u8 = 3;
+const KIND_ACCEPT: u8 = 4;
+const KIND_REJECT: u8 = 5;
+const KIND_HEARTBEAT: u8 = 6;
+const KIND_HEARTBEAT_ACK: u8 = 7;
+const KIND_MESSAGE: u8 = 8;
+const KIND_REPLY: u8 = 9;
+const KIND_REPLY_FAILED: u8 = 10;
+
+/// Who a node is, as told during the handshake.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeIdentity {
+    /// Human-readable node id, such as `"node-1"`.
+    pub node_id: String,
+    /// Random per process start; a restarted node has a new one.
+    pub incarnation: u64,
+    /// The address (`host:port`) the node listens on and is known by.
+    pub addr: String,
+}
+
+/// First frame of a connection, sent by the side that connected.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Protocol version of the connecting node (first, so any version can read it).
+    pub version: u32,
+    /// Cluster name; nodes of different clusters refuse each other.
+    pub cluster: String,
+    /// The connecting node.
+    pub from: NodeIdentity,
+    /// Random challenge for the accepting node.
+    pub nonce: [u8; 32],
+}
+
+/// The accepting node's answer to [`Hello`]: its identity, its own challenge and its proof
+/// that it knows the shared secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Challenge {
+    /// Protocol version of the accepting node.
+    pub version: u32,
+    /// Cluster name of the accepting node.
+    pub cluster: String,
+    /// The accepting node.
+    pub from: NodeIdentity,
+    /// Random challenge for the connecting node.
+    pub nonce: [u8; 32],
+    /// HMAC-SHA256 proof of the accepting node (see `docs/remoting.md`).
+    pub proof: [u8; 32],
+}
+
+/// The connecting node's proof that it knows the shared secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// HMAC-SHA256 proof of the connecting node.
+    pub proof: [u8; 32],
+}
+
+/// The accepting node took the connection; user frames may flow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accept {}
+
+/// Why a handshake was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RejectReason {
+    /// The protocol versions differ.
+    Version,
+    /// The cluster names differ.
+    Cluster,
+    /// The proof did not verify: the shared secrets differ.
+    Authentication,
+    /// The accepting node keeps another connection to the same peer (simultaneous connects).
+    Duplicate,
+    /// The node is shutting down.
+    ShuttingDown,
+    /// The peer broke the handshake protocol.
+    Protocol,
+}
+
+impl RejectReason {
+    /// A stable label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::Version => "version mismatch",
+            RejectReason::Cluster => "cluster name mismatch",
+            RejectReason::Authentication => "authentication failed",
+            RejectReason::Duplicate => "duplicate connection",
+            RejectReason::ShuttingDown => "shutting down",
+            RejectReason::Protocol => "protocol violation",
+        }
+    }
+}
+
+/// A refused handshake, sent by either side before it closes the connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reject {
+    /// Why.
+    pub reason: RejectReason,
+    /// Human-readable detail (never contains secrets).
+    pub detail: String,
+}
+
+/// Why a reply slot failed (carried by [`Frame::ReplyFailed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReplyFailure {
+    /// The reply handle was dropped without an answer.
+    NoReply,
+    /// No actor is registered under the recipient path.
+    UnknownRecipient,
+    /// The payload did not decode as the recipient's message type.
+    Undecodable,
+    /// The recipient actor refused the message (stopped, or its mailbox was full).
+    RecipientRefused,
+    /// The message or its answer could not be routed (peer restarted, queue full, ...).
+    Undeliverable,
+}
+
+/// A user message on its way to an actor registered under `recipient`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    /// Path the recipient is registered under, such as `/user/echo`.
+    pub recipient: Arc<str>,
+    /// Path of the sending actor, if known.
+    pub sender: Option<Arc<str>>,
+    /// Type name of the message at the sender, for diagnostics.
+    pub type_tag: Arc<str>,
+    /// Reply slots (on the sending node) exported while the payload was encoded; if the
+    /// message cannot be delivered the receiver fails them with [`Frame::ReplyFailed`].
+    pub reply_ids: Vec<u64>,
+    /// The message, MessagePack with named fields.
+    pub payload: Bytes,
+}
+
+#[derive(Serialize)]
+struct HeaderRef<'a> {
+    recipient: &'a str,
+    sender: Option<&'a str>,
+    type_tag: &'a str,
+    reply_ids: &'a [u64],
+}
+
+#[derive(Deserialize)]
+struct HeaderOwned {
+    recipient: String,
+    sender: Option<String>,
+    type_tag: String,
+    reply_ids: Vec<u64>,
+}
+
+/// One frame of the remote protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Handshake step 1 (connecting side).
+    Hello(Hello),
+    /// Handshake step 2 (accepting side).
+    Challenge(Challenge),
+    /// Handshake step 3 (connecting side).
+    Response(Response),
+    /// Handshake step 4 (accepting side): done.
+    Accept(Accept),
+    /// Handshake refused (either side).
+    Reject(Reject),
+    /// Liveness probe on the control lane.
+    Heartbeat(u64),
+    /// Answer to a heartbeat.
+    HeartbeatAck(u64),
+    /// A user message.
+    Message(Envelope),
+    /// The encoded answer for reply slot `id` on the receiving node.
+    Reply {
+        /// The reply slot.
+        id: u64,
+        /// The answer, MessagePack with named fields.
+        payload: Bytes,
+    },
+    /// The message that carried these reply slots could not be delivered, or its reply handle
+    /// was dropped unanswered.
+    ReplyFailed {
+        /// Reply slots on the receiving node.
+        ids: Vec<u64>,
+        /// What went wrong.
+        failure: ReplyFailure,
+        /// Why (unknown recipient, payload failed to decode, ...).
+        reason: String,
+    },
+}
+
+impl Frame {
+    /// True for frames that travel on the control lane (handshake, heartbeats).
+    pub fn is_control(&self) -> bool {
+        !matches!(
+            self,
+            Frame::Message(_) | Frame::Reply { .. } | Frame::ReplyFailed { .. }
+        )
+    }
+
+    /// Appends the frame body (kind byte and contents, without the length prefix) to `dst`.
+    pub fn encode_body(&self, dst: &mut BytesMut) -> Result<(), FrameError> {
+        fn compact<T: Serialize>(dst: &mut BytesMut, kind: u8, v: &T) -> Result<(), FrameError> {
+            dst.put_u8(kind);
+            rmp_serde::encode::write(&mut dst.writer(), v)
+                .map_err(|e| FrameError::Encode(e.to_string()))
+        }
+        match self {
+            Frame::Hello(h) => compact(dst, KIND_HELLO, h),
+            Frame::Challenge(c) => compact(dst, KIND_CHALLENGE, c),
+            Frame::Response(r) => compact(dst, KIND_RESPONSE, r),
+            Frame::Accept(a) => compact(dst, KIND_ACCEPT, a),
+            Frame::Reject(r) => compact(dst, KIND_REJECT, r),
+            Frame::Heartbeat(n) => {
+                dst.put_u8(KIND_HEARTBEAT);
+                dst.put_u64(*n);
+                Ok(())
+            }
+            Frame::HeartbeatAck(n) => {
+                dst.put_u8(KIND_HEARTBEAT_ACK);
+                dst.put_u64(*n);
+                Ok(())
+            }
+            Frame::Message(env) => {
+                dst.put_u8(KIND_MESSAGE);
+                let at = dst.len();
+                dst.put_u32(0);
+                let header = HeaderRef {
+                    recipient: &env.recipient,
+                    sender: env.sender.as_deref(),
+                    type_tag: &env.type_tag,
+                    reply_ids: &env.reply_ids,
+                };
+                rmp_serde::encode::write(&mut dst.writer(), &header)
+                    .map_err(|e| FrameError::Encode(e.to_string()))?;
+                let header_len = (dst.len() - at - 4) as u32;
+                dst[at..at + 4].copy_from_slice(&header_len.to_be_bytes());
+                dst.extend_from_slice(&env.payload);
+                Ok(())
+            }
+            Frame::Reply { id, payload } => {
+                dst.put_u8(KIND_REPLY);
+                dst.put_u64(*id);
+                dst.extend_from_slice(payload);
+                Ok(())
+            }
+            Frame::ReplyFailed {
+                ids,
+                failure,
+                reason,
+            } => compact(dst, KIND_REPLY_FAILED, &(ids, failure, reason)),
+        }
+    }
+
+    /// The number of body bytes this frame will take, computed cheaply for user frames
+    /// (an upper bound for the header part is not needed: headers are small).
+    pub fn payload_len(&self) -> usize {
+        match self {
+            Frame::Message(env) => env.payload.len(),
+            Frame::Reply { payload, .. } => payload.len(),
+            _ => 0,
+        }
+    }
+
+    /// Parses a frame body (as cut by [`crate::codec::FrameCodec`]). Never panics; payloads
+    /// are slices of `body`, not copies.
+    pub fn decode_body(mut body: Bytes) -> Result<Frame, FrameError> {
+        fn compact<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+            rmp_serde::from_slice(body).map_err(|e| FrameError::Malformed(e.to_string()))
+        }
+        if body.is_empty() {
+            return Err(FrameError::Malformed("empty frame".into()));
+        }
+        let kind = body.get_u8();
+        match kind {
+            KIND_HELLO => Ok(Frame::Hello(compact(&body)?)),
+            KIND_CHALLENGE => Ok(Frame::Challenge(compact(&body)?)),
+            KIND_RESPONSE => Ok(Frame::Response(compact(&body)?)),
+            KIND_ACCEPT => Ok(Frame::Accept(compact(&body)?)),
+            KIND_REJECT => Ok(Frame::Reject(compact(&body)?)),
+            KIND_HEARTBEAT | KIND_HEARTBEAT_ACK => {
+                if body.len() != 8 {
+                    return Err(FrameError::Malformed("heartbeat must be 8 bytes".into()));
+                }
+                let n = body.get_u64();
+                Ok(if kind == KIND_HEARTBEAT {
+                    Frame::Heartbeat(n)
+                } else {
+                    Frame::HeartbeatAck(n)
+                })
+            }
+            KIND_MESSAGE => {
+                if body.len() < 4 {
+                    return Err(FrameError::Malformed(
+                        "message header length missing".into(),
+                    ));
+                }
+                let header_len = body.get_u32() as usize;
+                if header_len > body.len() {
+                    return Err(FrameError::Malformed(format!(
+                        "message header of {header_len} bytes in a body of {}",
+                        body.len()
+                    )));
+                }
+                let header: HeaderOwned = compact(&body[..header_len])?;
+                body.advance(header_len);
+                Ok(Frame::Message(Envelope {
+                    recipient: header.recipient.into(),
+                    sender: header.sender.map(Into::into),
+                    type_tag: header.type_tag.into(),
+                    reply_ids: header.reply_ids,
+                    payload: body,
+                }))
+            }
+            KIND_REPLY => {
+                if body.len() < 8 {
+                    return Err(FrameError::Malformed("reply id missing".into()));
+                }
+                let id = body.get_u64();
+                Ok(Frame::Reply { id, payload: body })
+            }
+            KIND_REPLY_FAILED => {
+                let (ids, failure, reason): (Vec<u64>, ReplyFailure, String) = compact(&body)?;
+                Ok(Frame::ReplyFailed {
+                    ids,
+                    failure,
+                    reason,
+                })
+            }
+            other => Err(FrameError::UnknownKind(other)),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn samples() -> Vec<Frame> {
+        let id = NodeIdentity {
+            node_id: "node-1".into(),
+            incarnation: 42,
+            addr: "127.0.0.1:4000".into(),
+        };
+        vec![
+            Frame::Hello(Hello {
+                version: PROTOCOL_VERSION,
+                cluster: "c".into(),
+                from: id.clone(),
+                nonce: [7; 32],
+            }),
+            Frame::Challenge(Challenge {
+                version: PROTOCOL_VERSION,
+                cluster: "c".into(),
+                from: id,
+                nonce: [1; 32],
+                proof: [2; 32],
+            }),
+            Frame::Response(Response { proof: [3; 32] }),
+            Frame::Accept(Accept {}),
+            Frame::Reject(Reject {
+                reason: RejectReason::Cluster,
+                detail: "x".into(),
+            }),
+            Frame::Heartbeat(9),
+            Frame::HeartbeatAck(u64::MAX),
+            Frame::Message(Envelope {
+                recipient: "/user/echo".into(),
+                sender: Some("/user/a".into()),
+                type_tag: "my::Msg".into(),
+                reply_ids: vec![1, 2, u64::MAX],
+                payload: Bytes::from_static(b"\x81\xa1a\x01"),
+            }),
+            Frame::Message(Envelope {
+                recipient: "".into(),
+                sender: None,
+                type_tag: "".into(),
+                reply_ids: vec![],
+                payload: Bytes::new(),
+            }),
+            Frame::Reply {
+                id: 5,
+                payload: Bytes::from_static(b"abc"),
+            },
+            Frame::ReplyFailed {
+                ids: vec![3],
+                failure: ReplyFailure::UnknownRecipient,
+                reason: "unknown recipient".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_frame_round_trips() {
+        for frame in samples() {
+            let mut buf = BytesMut::new();
+            frame.encode_body(&mut buf).unwrap();
+            let back = Frame::decode_body(buf.freeze()).unwrap();
+            assert_eq!(back, frame);
+        }
+    }
+
+    #[test]
+    fn control_lane_classification() {
+        let control: Vec<bool> = samples().iter().map(Frame::is_control).collect();
+        assert_eq!(
+            control,
+            [true, true, true, true, true, true, true, false, false, false, false]
+        );
+    }
+
+    #[test]
+    fn bad_bodies_are_errors() {
+        assert!(matches!(
+            Frame::decode_body(Bytes::new()),
+            Err(FrameError::Malformed(_))
+        ));
+        assert!(matches!(
+            Frame::decode_body(Bytes::from_static(&[200])),
+            Err(FrameError::UnknownKind(200))
+        ));
+        // A message header length that points past the end.
+        assert!(Frame::decode_body(Bytes::from_static(&[KIND_MESSAGE, 0, 0, 1, 0, 1])).is_err());
+        assert!(Frame::decode_body(Bytes::from_static(&[KIND_HEARTBEAT, 1])).is_err());
+        assert!(Frame::decode_body(Bytes::from_static(&[KIND_REPLY, 1, 2])).is_err());
+    }
+
+    #[test]
+    fn message_payload_is_a_slice_of_the_frame() {
+        let frame = samples().swap_remove(7);
+        let mut buf = BytesMut::new();
+        frame.encode_body(&mut buf).unwrap();
+        let body = buf.freeze();
+        let range = body.as_ptr_range();
+        let Frame::Message(env) = Frame::decode_body(body.clone()).unwrap() else {
+            panic!("not a message")
+        };
+        let p = env.payload.as_ptr();
+        assert!(range.contains(&p), "payload was copied");
+    }
+}

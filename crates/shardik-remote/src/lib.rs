@@ -1,0 +1,86 @@
+//! # shardik-remote
+//!
+//! Remoting for shardik: actors on different nodes talk over one TCP connection per node
+//! pair, with length-prefixed MessagePack frames, a writer that batches many frames per write,
+//! a control lane that user traffic cannot starve, an authenticated handshake, reconnects with
+//! exponential backoff and bounded queues.
+//!
+//! ```
+//! use std::time::Duration;
+//! use serde::{Deserialize, Serialize};
+//! use shardik_actor::{Actor, ActorError, ActorSystem, Context, ReplyTo};
+//! use shardik_remote::{Remote, RemoteConfig};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! enum Greeter {
+//!     Greet { name: String, reply: ReplyTo<String> },
+//! }
+//!
+//! struct GreeterActor;
+//! impl Actor for GreeterActor {
+//!     type Msg = Greeter;
+//!     async fn handle(&mut self, msg: Greeter, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+//!         let Greeter::Greet { name, reply } = msg;
+//!         reply.reply(format!("hello, {name}"));
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // Two nodes in one process; in production each runs in its own.
+//! let sys_a = ActorSystem::new("a");
+//! let sys_b = ActorSystem::new("b");
+//! let cfg = |id: &str| RemoteConfig::new(id, "demo").secret(b"0123456789abcdef0123456789abcdef".to_vec());
+//! let a = Remote::start(&sys_a, cfg("node-a")).await.unwrap();
+//! let b = Remote::start(&sys_b, cfg("node-b")).await.unwrap();
+//!
+//! b.register("/user/greeter", sys_b.spawn(GreeterActor));
+//! let greeter = a.lookup::<Greeter>("/user/greeter", b.addr());
+//! let answer = greeter
+//!     .ask(|reply| Greeter::Greet { name: "world".into(), reply }, Duration::from_secs(5))
+//!     .await
+//!     .unwrap();
+//! assert_eq!(answer, "hello, world");
+//!
+//! sys_a.shutdown().await;
+//! sys_b.shutdown().await;
+//! # }
+//! ```
+//!
+//! ## Pieces
+//! - [`frame`] and [`codec`]: the frames and their byte layout, a decoder that never panics.
+//! - [`RemoteConfig`], [`Remote`]: start a node, register actors, look remote ones up.
+//! - [`RemoteRef`]: `tell` and `ask` to a remote actor, like [`shardik_actor::ActorRef`].
+//! - [`FaultInjector`]: cut and heal links between named nodes in tests.
+//!
+//! See `docs/remoting.md` for what is secure and what is not, the overflow policy and limits.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod codec;
+mod config;
+mod error;
+mod fault;
+pub mod frame;
+mod handshake;
+mod node;
+mod peer;
+mod queue;
+mod registry;
+mod remote;
+mod remote_ref;
+mod replies;
+mod stats;
+mod tls;
+
+pub use config::RemoteConfig;
+pub use error::{DecodeError, FrameError, HandshakeError, RemoteError};
+pub use fault::FaultInjector;
+pub use frame::{NodeIdentity, RejectReason};
+pub use peer::ConnectionInfo;
+pub use registry::Decoder;
+pub use remote::Remote;
+pub use remote_ref::{RemoteRef, SendError};
+pub use stats::{RemoteEvent, RemoteStats};
+pub use tls::TlsConfig;

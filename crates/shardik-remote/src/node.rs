@@ -1,0 +1,821 @@
+//! The state shared by one node's tasks: peers, registry, reply slots, counters; and the tasks
+//! themselves: accepting, dialing with backoff, reading and writing connections.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use shardik_actor::wire::with_wire_context;
+use shardik_actor::ActorSystem;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, Semaphore};
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::codec::{encode_frame, BodyCodec};
+use crate::config::RemoteConfig;
+use crate::error::{DecodeError, HandshakeError, RemoteError};
+use crate::frame::{Envelope, Frame, NodeIdentity, RejectReason, ReplyFailure};
+use crate::handshake::{self, Local};
+use crate::peer::{ConnSlot, ConnectionInfo, Peer, Restarted};
+use crate::registry::Registry;
+use crate::replies::{self, Replies};
+use crate::stats::{should_log, Counters, RemoteEvent};
+
+/// At most this many connections may be in their handshake at once; more are closed at once.
+const MAX_PENDING_HANDSHAKES: usize = 256;
+
+pub(crate) struct Node {
+    pub(crate) system: ActorSystem,
+    pub(crate) cfg: RemoteConfig,
+    pub(crate) local: Local,
+    /// This node's advertised address.
+    pub(crate) addr: Arc<str>,
+    peers: Mutex<HashMap<Arc<str>, Arc<Peer>>>,
+    pub(crate) registry: Registry,
+    pub(crate) replies: Replies,
+    pub(crate) counters: Counters,
+    pub(crate) events: broadcast::Sender<RemoteEvent>,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) tasks: TaskTracker,
+    handshake_slots: Arc<Semaphore>,
+    next_conn: AtomicU64,
+    me: Weak<Node>,
+}
+
+impl Node {
+    pub(crate) fn new(system: ActorSystem, cfg: RemoteConfig, local: Local) -> Arc<Node> {
+        Arc::new_cyclic(|me| Node {
+            system,
+            addr: local.me.addr.as_str().into(),
+            local,
+            cfg,
+            peers: Mutex::new(HashMap::new()),
+            registry: Registry::default(),
+            replies: Replies::new(),
+            counters: Counters::default(),
+            events: broadcast::channel(1024).0,
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            handshake_slots: Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES)),
+            next_conn: AtomicU64::new(1),
+            me: me.clone(),
+        })
+    }
+
+    fn event(&self, e: RemoteEvent) {
+        let _ = self.events.send(e);
+    }
+
+    /// The peer at `addr`, created (with its dialer task) on first use.
+    pub(crate) fn peer(&self, addr: &str) -> Arc<Peer> {
+        if let Some(p) = self.peers.lock().get(addr) {
+            return p.clone();
+        }
+        let node = self.me.upgrade().expect("node is alive while used");
+        let mut peers = self.peers.lock();
+        if let Some(p) = peers.get(addr) {
+            return p.clone();
+        }
+        let peer = Peer::new(&node, addr.into());
+        peers.insert(peer.addr.clone(), peer.clone());
+        drop(peers);
+        self.tasks.spawn(dial_loop(node, peer.clone()));
+        peer
+    }
+
+    pub(crate) fn existing_peer(&self, addr: &str) -> Option<Arc<Peer>> {
+        self.peers.lock().get(addr).cloned()
+    }
+
+    fn conn_slot(&self, info: ConnectionInfo) -> (u64, ConnSlot, CancellationToken) {
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let cancel = self.shutdown.child_token();
+        (
+            id,
+            ConnSlot {
+                id,
+                info,
+                cancel: cancel.clone(),
+            },
+            cancel,
+        )
+    }
+
+    fn connection_up(
+        &self,
+        peer: &Peer,
+        remote: &NodeIdentity,
+        restarted: Option<Restarted>,
+        outbound: bool,
+    ) {
+        self.counters.bump(
+            &self.counters.connections_established,
+            "shardik_remote_connections_established_total",
+        );
+        tracing::info!(
+            node = %self.local.me.node_id,
+            peer = %remote.node_id,
+            peer_addr = %peer.addr,
+            incarnation = remote.incarnation,
+            outbound,
+            "connected"
+        );
+        if let Some(Restarted { old, cutoff }) = restarted {
+            tracing::info!(
+                peer = %remote.node_id,
+                peer_addr = %peer.addr,
+                old_incarnation = old,
+                new_incarnation = remote.incarnation,
+                "peer restarted; failing replies pending toward its old incarnation"
+            );
+            self.replies
+                .fail_peer(&peer.addr, cutoff, "the peer restarted before answering");
+            self.event(RemoteEvent::PeerRestarted {
+                addr: peer.addr.to_string(),
+                old,
+                new: remote.incarnation,
+            });
+        }
+        self.event(RemoteEvent::Connected {
+            addr: peer.addr.to_string(),
+            node_id: remote.node_id.clone(),
+            incarnation: remote.incarnation,
+            outbound,
+        });
+    }
+
+    fn handshake_failed(&self, addr: &str, e: &HandshakeError) {
+        self.counters.bump(
+            &self.counters.handshake_failures,
+            "shardik_remote_handshake_failures_total",
+        );
+        let me = &self.local.me.node_id;
+        match e {
+            HandshakeError::Refused { reason, detail } if *reason == RejectReason::Duplicate => {
+                tracing::debug!(node = %me, peer_addr = addr, "refused a duplicate connection: {detail}")
+            }
+            HandshakeError::RefusedByPeer { reason, .. } if *reason == RejectReason::Duplicate => {
+                tracing::debug!(node = %me, peer_addr = addr, "peer keeps its own connection to us")
+            }
+            HandshakeError::Refused { reason, detail } => tracing::error!(
+                node = %me,
+                peer_addr = addr,
+                reason = reason.as_str(),
+                "refused a peer in the handshake: {detail}"
+            ),
+            HandshakeError::RefusedByPeer { reason, detail } => tracing::error!(
+                node = %me,
+                peer_addr = addr,
+                reason = reason.as_str(),
+                "the peer refused us in the handshake: {detail}"
+            ),
+            HandshakeError::Tls(e) => tracing::error!(
+                node = %me,
+                peer_addr = addr,
+                "TLS handshake failed, connection refused: {e}"
+            ),
+            other => tracing::warn!(node = %me, peer_addr = addr, "handshake failed: {other}"),
+        }
+        self.event(RemoteEvent::HandshakeFailed {
+            addr: addr.to_string(),
+            reason: e.reason(),
+            by_us: matches!(e, HandshakeError::Refused { .. }),
+            error: e.to_string(),
+        });
+    }
+
+    /// Dials `peer`, runs the handshake and starts the connection's tasks.
+    pub(crate) async fn dial_once(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+    ) -> Result<NodeIdentity, RemoteError> {
+        let connect = connect_tcp(&peer.addr, self.cfg.socket_buffer);
+        let stream = match tokio::time::timeout(self.cfg.handshake_timeout, connect).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(source)) => {
+                return Err(RemoteError::Connect {
+                    addr: peer.addr.to_string(),
+                    source,
+                })
+            }
+            Err(_) => {
+                return Err(RemoteError::Connect {
+                    addr: peer.addr.to_string(),
+                    source: std::io::ErrorKind::TimedOut.into(),
+                })
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (local_sa, remote_sa) = match (stream.local_addr(), stream.peer_addr()) {
+            (Ok(l), Ok(r)) => (l, r),
+            (Err(source), _) | (_, Err(source)) => {
+                return Err(RemoteError::Connect {
+                    addr: peer.addr.to_string(),
+                    source,
+                })
+            }
+        };
+        match &self.cfg.tls {
+            None => {
+                let (r, w) = stream.into_split();
+                self.outbound_on(peer, r, w, local_sa, remote_sa).await
+            }
+            Some(tls) => {
+                let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
+                let connecting = connector.connect(tls.server_name.clone(), stream);
+                let tls_stream =
+                    match tokio::time::timeout(self.cfg.handshake_timeout, connecting).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            let e = HandshakeError::Tls(e.to_string());
+                            self.handshake_failed(&peer.addr, &e);
+                            return Err(e.into());
+                        }
+                        Err(_) => {
+                            let e = HandshakeError::Timeout;
+                            self.handshake_failed(&peer.addr, &e);
+                            return Err(e.into());
+                        }
+                    };
+                let (r, w) = tokio::io::split(tls_stream);
+                self.outbound_on(peer, r, w, local_sa, remote_sa).await
+            }
+        }
+    }
+
+    /// The protocol handshake over an established (plain or TLS) stream, as the dialer.
+    async fn outbound_on<R, W>(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+        r: R,
+        mut w: W,
+        local_sa: std::net::SocketAddr,
+        remote_sa: std::net::SocketAddr,
+    ) -> Result<NodeIdentity, RemoteError>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut reader = FramedRead::new(r, BodyCodec::new(self.cfg.max_frame_len));
+        let remote = match handshake::connect(&mut reader, &mut w, &self.local).await {
+            Ok(remote) => remote,
+            Err(e) => {
+                self.handshake_failed(&peer.addr, &e);
+                return Err(e.into());
+            }
+        };
+        if *remote.addr != *peer.addr {
+            tracing::warn!(
+                dialed = %peer.addr,
+                advertised = %remote.addr,
+                "peer advertises another address than the one dialed"
+            );
+        }
+        let info = ConnectionInfo {
+            local: local_sa,
+            remote: remote_sa,
+            peer: remote.clone(),
+            outbound: true,
+        };
+        let (id, slot, cancel) = self.conn_slot(info);
+        let restarted = peer.install(slot);
+        self.connection_up(peer, &remote, restarted, true);
+        self.tasks.spawn(run_connection(
+            self.clone(),
+            peer.clone(),
+            id,
+            reader,
+            w,
+            remote.clone(),
+            cancel,
+        ));
+        Ok(remote)
+    }
+
+    async fn inbound(self: Arc<Self>, stream: TcpStream) {
+        let Ok(permit) = self.handshake_slots.clone().try_acquire_owned() else {
+            tracing::warn!("too many connections in their handshake; closing a new one");
+            return;
+        };
+        let _ = stream.set_nodelay(true);
+        let (local_sa, remote_sa) = match (stream.local_addr(), stream.peer_addr()) {
+            (Ok(l), Ok(r)) => (l, r),
+            _ => return,
+        };
+        match self.cfg.tls.clone() {
+            None => {
+                let (r, w) = stream.into_split();
+                self.inbound_on(permit, r, w, local_sa, remote_sa).await
+            }
+            Some(tls) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+                let accepting = acceptor.accept(stream);
+                let tls_stream =
+                    match tokio::time::timeout(self.cfg.handshake_timeout, accepting).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            let e = HandshakeError::Tls(e.to_string());
+                            self.handshake_failed(&remote_sa.to_string(), &e);
+                            return;
+                        }
+                        Err(_) => {
+                            self.handshake_failed(&remote_sa.to_string(), &HandshakeError::Timeout);
+                            return;
+                        }
+                    };
+                let (r, w) = tokio::io::split(tls_stream);
+                self.inbound_on(permit, r, w, local_sa, remote_sa).await
+            }
+        }
+    }
+
+    /// The protocol handshake over an accepted (plain or TLS) stream.
+    async fn inbound_on<R, W>(
+        self: Arc<Self>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        r: R,
+        mut w: W,
+        local_sa: std::net::SocketAddr,
+        remote_sa: std::net::SocketAddr,
+    ) where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut reader = FramedRead::new(r, BodyCodec::new(self.cfg.max_frame_len));
+        let mut admitted = None;
+        let res = handshake::accept(&mut reader, &mut w, &self.local, |remote| {
+            let peer = self.peer(&remote.addr);
+            let info = ConnectionInfo {
+                local: local_sa,
+                remote: remote_sa,
+                peer: remote.clone(),
+                outbound: false,
+            };
+            let (id, slot, cancel) = self.conn_slot(info);
+            let restarted = peer.admit_inbound(&self.local.me, slot)?;
+            admitted = Some((peer, id, cancel, restarted));
+            Ok(())
+        })
+        .await;
+        drop(permit);
+        match res {
+            Ok(remote) => {
+                let (peer, id, cancel, restarted) = admitted.expect("admitted before accept");
+                self.connection_up(&peer, &remote, restarted, false);
+                run_connection(self.clone(), peer, id, reader, w, remote, cancel).await;
+            }
+            Err(e) => {
+                if let Some((peer, id, cancel, _)) = admitted {
+                    cancel.cancel();
+                    peer.connection_ended(id);
+                }
+                self.handshake_failed(&remote_sa.to_string(), &e);
+            }
+        }
+    }
+
+    /// Delivers a received message to the registered actor.
+    fn dispatch(&self, peer: &Peer, env: Envelope) {
+        let fail = |failure: ReplyFailure, reason: String| {
+            if !env.reply_ids.is_empty() {
+                peer.send_reply(Frame::ReplyFailed {
+                    ids: env.reply_ids.clone(),
+                    failure,
+                    reason,
+                });
+            }
+        };
+        let Some(decoder) = self.registry.get(&env.recipient) else {
+            let n = self.counters.bump(
+                &self.counters.unknown_recipient,
+                "shardik_remote_unknown_recipient_total",
+            );
+            if should_log(n) {
+                tracing::error!(
+                    node = %self.local.me.node_id,
+                    from = %peer.addr,
+                    recipient = %env.recipient,
+                    message_type = %env.type_tag,
+                    total = n,
+                    "message for an unknown recipient dropped"
+                );
+            }
+            fail(
+                ReplyFailure::UnknownRecipient,
+                format!(
+                    "no actor is registered at {} on {}",
+                    env.recipient, self.addr
+                ),
+            );
+            return;
+        };
+        let me = self
+            .me
+            .upgrade()
+            .expect("node is alive while it dispatches");
+        let res = replies::dispatching(|| {
+            crate::remote_ref::decoding_on(&me, || {
+                with_wire_context(&peer.wire, || decoder(&env.payload))
+            })
+        });
+        match res {
+            Ok(()) => {
+                self.counters
+                    .messages_delivered
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e @ DecodeError::Payload { .. }) => {
+                let n = self.counters.bump(
+                    &self.counters.decode_errors,
+                    "shardik_remote_decode_errors_total",
+                );
+                if should_log(n) {
+                    tracing::error!(
+                        node = %self.local.me.node_id,
+                        from = %peer.addr,
+                        recipient = %env.recipient,
+                        sent_type = %env.type_tag,
+                        total = n,
+                        "message dropped: {e}"
+                    );
+                }
+                fail(ReplyFailure::Undecodable, e.to_string());
+            }
+            Err(e @ DecodeError::Refused(_)) => {
+                self.counters.bump(
+                    &self.counters.recipient_refused,
+                    "shardik_remote_recipient_refused_total",
+                );
+                fail(ReplyFailure::RecipientRefused, e.to_string());
+            }
+        }
+    }
+
+    /// Handles one frame of an established connection. False ends the connection.
+    pub(crate) fn handle_frame(&self, peer: &Peer, remote_id: &str, frame: Frame) -> bool {
+        if let Some(f) = &self.cfg.faults {
+            if f.is_cut(remote_id, &self.local.me.node_id) {
+                self.counters.fault_dropped.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+        }
+        match frame {
+            Frame::Message(env) => self.dispatch(peer, env),
+            Frame::Reply { id, payload } => match self.replies.complete(id, &payload) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.counters
+                        .replies_unmatched
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(from = %peer.addr, id, "reply for an unknown slot (late after a timeout?) dropped");
+                }
+                Err(e) => {
+                    let n = self.counters.bump(
+                        &self.counters.reply_decode_errors,
+                        "shardik_remote_reply_decode_errors_total",
+                    );
+                    if should_log(n) {
+                        tracing::error!(from = %peer.addr, id, total = n, "reply dropped: {e}");
+                    }
+                }
+            },
+            Frame::ReplyFailed {
+                ids,
+                failure,
+                reason,
+            } => self.replies.fail(&ids, failure, &reason),
+            Frame::Heartbeat(n) => peer.send_control(Frame::HeartbeatAck(n)),
+            Frame::HeartbeatAck(seq) => {
+                if let Some(rtt) = peer.heartbeat_acked(seq) {
+                    let us = rtt.as_micros().min(u64::MAX as u128) as u64;
+                    let c = &self.counters;
+                    c.heartbeats_acked.fetch_add(1, Ordering::Relaxed);
+                    c.heartbeat_rtt_max_us.fetch_max(us, Ordering::Relaxed);
+                    c.heartbeat_rtt_last_us.store(us, Ordering::Relaxed);
+                    metrics::histogram!("shardik_remote_heartbeat_rtt_seconds")
+                        .record(rtt.as_secs_f64());
+                }
+            }
+            Frame::Hello(_)
+            | Frame::Challenge(_)
+            | Frame::Response(_)
+            | Frame::Accept(_)
+            | Frame::Reject(_) => {
+                self.counters.bump(
+                    &self.counters.connections_rejected,
+                    "shardik_remote_connections_rejected_total",
+                );
+                tracing::error!(from = %peer.addr, "handshake frame on an established connection; closing it");
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Connects, with the configured kernel buffer sizes if any.
+async fn connect_tcp(addr: &str, buffer: Option<u32>) -> std::io::Result<TcpStream> {
+    let Some(size) = buffer else {
+        return TcpStream::connect(addr).await;
+    };
+    let mut last = None;
+    for sa in tokio::net::lookup_host(addr).await? {
+        let socket = if sa.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_send_buffer_size(size)?;
+        socket.set_recv_buffer_size(size)?;
+        match socket.connect(sa).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::ErrorKind::AddrNotAvailable.into()))
+}
+
+async fn sleep_or_shutdown(node: &Node, d: Duration) -> bool {
+    tokio::select! {
+        _ = node.shutdown.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Keeps one peer connected while it has something to send: dials, and on failure retries
+/// after an exponentially growing delay (`backoff_min` doubling up to `backoff_max`).
+async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>) {
+    let mut backoff = node.cfg.backoff_min;
+    let mut failures = 0u64;
+    loop {
+        loop {
+            let woken = peer.wake.notified();
+            if node.shutdown.is_cancelled() {
+                return;
+            }
+            if peer.try_start_dial() {
+                break;
+            }
+            tokio::select! {
+                _ = node.shutdown.cancelled() => return,
+                _ = woken => {}
+            }
+        }
+        let res = tokio::select! {
+            _ = node.shutdown.cancelled() => { peer.end_dial(); return }
+            r = node.dial_once(&peer) => r,
+        };
+        peer.end_dial();
+        match res {
+            Ok(_) => {
+                backoff = node.cfg.backoff_min;
+                failures = 0;
+            }
+            Err(e) => {
+                failures += 1;
+                if matches!(e, RemoteError::Connect { .. }) && should_log(failures) {
+                    tracing::warn!(
+                        node = %node.local.me.node_id,
+                        peer_addr = %peer.addr,
+                        attempt = failures,
+                        retry_in = ?backoff,
+                        "cannot reach peer: {e}"
+                    );
+                }
+                if !sleep_or_shutdown(&node, backoff).await {
+                    return;
+                }
+                backoff = (backoff * 2).min(node.cfg.backoff_max);
+            }
+        }
+    }
+}
+
+/// Accepts connections until shutdown.
+pub(crate) async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
+    loop {
+        let res = tokio::select! {
+            _ = node.shutdown.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        match res {
+            Ok((stream, _)) => {
+                let stop = node.shutdown.clone();
+                let work = node.clone().inbound(stream);
+                // Shutdown also ends connections still in their handshake.
+                node.tasks.spawn(async move {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = work => {}
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(node = %node.local.me.node_id, "accept failed: {e}");
+                if !sleep_or_shutdown(&node, Duration::from_millis(10)).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Forgets reply slots that waited longer than `max_reply_wait`.
+pub(crate) async fn reply_sweeper(
+    node: Weak<Node>,
+    every: Duration,
+    max_age: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(node) = node.upgrade() else { return };
+        let n = node.replies.sweep(max_age);
+        if n > 0 {
+            tracing::debug!(forgotten = n, "reply slots expired without an answer");
+        }
+    }
+}
+
+/// Runs an established connection: a writer task, a heartbeat task, and the reader here.
+async fn run_connection<R, W>(
+    node: Arc<Node>,
+    peer: Arc<Peer>,
+    id: u64,
+    mut reader: FramedRead<R, BodyCodec>,
+    writer: W,
+    remote: NodeIdentity,
+    cancel: CancellationToken,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    node.tasks.spawn(write_loop(
+        node.clone(),
+        peer.clone(),
+        writer,
+        remote.node_id.clone(),
+        cancel.clone(),
+    ));
+    node.tasks.spawn(heartbeat_loop(
+        node.cfg.heartbeat_interval,
+        peer.clone(),
+        cancel.clone(),
+    ));
+    let idle = node.cfg.idle_timeout;
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            r = tokio::time::timeout(idle, reader.next()) => r,
+        };
+        match next {
+            Err(_) => {
+                tracing::warn!(peer = %remote.node_id, peer_addr = %peer.addr, ?idle, "nothing received within the idle timeout; closing the connection");
+                break;
+            }
+            Ok(None) => {
+                tracing::debug!(peer = %remote.node_id, "connection closed by the peer");
+                break;
+            }
+            Ok(Some(Err(e))) => {
+                if !matches!(e, crate::error::FrameError::Io(_)) {
+                    node.counters.bump(
+                        &node.counters.connections_rejected,
+                        "shardik_remote_connections_rejected_total",
+                    );
+                    tracing::error!(peer = %remote.node_id, peer_addr = %peer.addr, "closing the connection: {e}");
+                    node.event(RemoteEvent::ConnectionRejected {
+                        addr: peer.addr.to_string(),
+                        error: e.to_string(),
+                    });
+                } else {
+                    tracing::debug!(peer = %remote.node_id, "connection failed: {e}");
+                }
+                break;
+            }
+            Ok(Some(Ok(body))) => match Frame::decode_body(body) {
+                Ok(frame) => {
+                    if !node.handle_frame(&peer, &remote.node_id, frame) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let n = node.counters.bump(
+                        &node.counters.malformed_frames,
+                        "shardik_remote_malformed_frames_total",
+                    );
+                    if should_log(n) {
+                        tracing::error!(peer = %remote.node_id, total = n, "skipping a frame that does not parse: {e}");
+                    }
+                }
+            },
+        }
+    }
+    cancel.cancel();
+    if peer.connection_ended(id) {
+        node.event(RemoteEvent::Disconnected {
+            addr: peer.addr.to_string(),
+        });
+    }
+}
+
+async fn heartbeat_loop(every: Duration, peer: Arc<Peer>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seq = 0u64;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        seq += 1;
+        peer.send_heartbeat(seq);
+    }
+}
+
+/// Drains the peer's queue, control lane first, encoding up to `write_batch_frames` user
+/// frames into one buffer per write call.
+async fn write_loop<W: AsyncWrite + Unpin>(
+    node: Arc<Node>,
+    peer: Arc<Peer>,
+    mut writer: W,
+    remote_id: String,
+    cancel: CancellationToken,
+) {
+    let batch = node.cfg.write_batch_frames;
+    let max = node.cfg.max_frame_len;
+    let mut frames = Vec::with_capacity(batch);
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    loop {
+        if cancel.is_cancelled() {
+            break;
+        }
+        frames.clear();
+        if peer.queue.take_batch(&mut frames, batch) == 0 {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                _ = peer.queue.ready.notified() => continue,
+            }
+        }
+        let cut = node
+            .cfg
+            .faults
+            .as_ref()
+            .is_some_and(|f| f.is_cut(&node.local.me.node_id, &remote_id));
+        let mut written = 0u64;
+        for frame in frames.drain(..) {
+            if cut {
+                node.counters.fault_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match encode_frame(&frame, &mut buf, max) {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    node.counters.bump(
+                        &node.counters.dropped_too_large,
+                        "shardik_remote_dropped_too_large_total",
+                    );
+                    tracing::error!(peer = %remote_id, "frame dropped at the writer: {e}");
+                }
+            }
+        }
+        if buf.is_empty() {
+            continue;
+        }
+        let res = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            r = writer.write_all(&buf) => r,
+        };
+        if let Err(e) = res {
+            tracing::debug!(peer = %remote_id, "write failed: {e}");
+            cancel.cancel();
+            break;
+        }
+        node.counters.write_batches.fetch_add(1, Ordering::Relaxed);
+        node.counters
+            .frames_written
+            .fetch_add(written, Ordering::Relaxed);
+        buf.clear();
+        if buf.capacity() > 8 * max.max(1 << 20) {
+            buf = BytesMut::with_capacity(64 * 1024);
+        }
+    }
+    // A wake-up this writer consumed may belong to the next connection's writer.
+    peer.queue.ready.notify_one();
+    let _ = writer.shutdown().await;
+}

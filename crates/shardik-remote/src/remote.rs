@@ -1,0 +1,261 @@
+//! [`Remote`]: the remote layer of one actor system.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use shardik_actor::{ActorRef, ActorSystem};
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::broadcast;
+
+use crate::config::RemoteConfig;
+use crate::error::RemoteError;
+use crate::frame::{NodeIdentity, PROTOCOL_VERSION};
+use crate::handshake::Local;
+use crate::node::{accept_loop, reply_sweeper, Node};
+use crate::peer::ConnectionInfo;
+use crate::registry::{typed_decoder, Decoder};
+use crate::remote_ref::RemoteRef;
+use crate::stats::{RemoteEvent, RemoteStats};
+
+/// The remote layer of an [`ActorSystem`]: a TCP listener, connections to other nodes,
+/// actors registered under paths, and [`RemoteRef`]s to actors elsewhere.
+///
+/// Cloning is cheap and shares the node. It is also kept as an extension of its system
+/// ([`Remote::get`]). It stops when the system shuts down, or with [`Remote::shutdown`].
+#[derive(Clone)]
+pub struct Remote {
+    pub(crate) node: Arc<Node>,
+}
+
+struct Slot(OnceLock<Remote>);
+
+impl Remote {
+    /// Starts the remote layer of `system`: binds `config.bind` and starts accepting.
+    ///
+    /// Fails if the configuration is invalid, the address cannot be bound, or the system
+    /// already has a remote layer.
+    pub async fn start(system: &ActorSystem, config: RemoteConfig) -> Result<Remote, RemoteError> {
+        config.validate().map_err(RemoteError::Config)?;
+        let slot = system.extension(|_| Slot(OnceLock::new()));
+        if slot.0.get().is_some() {
+            return Err(RemoteError::Config(
+                "this actor system already has a remote layer".into(),
+            ));
+        }
+        let listener = bind(&config.bind, config.socket_buffer).await?;
+        let bound = listener.local_addr().map_err(|source| RemoteError::Bind {
+            addr: config.bind.clone(),
+            source,
+        })?;
+        let addr = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| bound.to_string());
+        let incarnation = loop {
+            let n =
+                getrandom::u64().map_err(|e| RemoteError::Config(format!("no randomness: {e}")))?;
+            if n != 0 {
+                break n;
+            }
+        };
+        let local = Local {
+            version: PROTOCOL_VERSION,
+            cluster: config.cluster.clone(),
+            me: NodeIdentity {
+                node_id: config.node_id.clone(),
+                incarnation,
+                addr,
+            },
+            secret: config.secret.clone().unwrap_or_else(|| Arc::from(&[][..])),
+            timeout: config.handshake_timeout,
+            max_frame_len: config.max_frame_len,
+        };
+        if config.secret.is_none() {
+            tracing::warn!(
+                node = %config.node_id,
+                "remoting runs without a shared secret: any host that can reach {bound} can send messages to registered actors"
+            );
+        }
+        let sweep_every = (config.max_reply_wait / 4).max(Duration::from_secs(1));
+        let max_reply_wait = config.max_reply_wait;
+        let node = Node::new(system.clone(), config, local);
+        let remote = Remote { node: node.clone() };
+        if slot.0.set(remote.clone()).is_err() {
+            return Err(RemoteError::Config(
+                "this actor system already has a remote layer".into(),
+            ));
+        }
+        node.tasks.spawn(accept_loop(node.clone(), listener));
+        node.tasks.spawn(reply_sweeper(
+            Arc::downgrade(&node),
+            sweep_every,
+            max_reply_wait,
+            node.shutdown.clone(),
+        ));
+        let sys = system.clone();
+        let stop = node.shutdown.clone();
+        node.tasks.spawn(async move {
+            tokio::select! {
+                _ = sys.shutdown_started() => stop.cancel(),
+                _ = stop.cancelled() => {}
+            }
+        });
+        tracing::info!(
+            node = %node.local.me.node_id,
+            addr = %node.addr,
+            incarnation,
+            cluster = %node.local.cluster,
+            "remoting started"
+        );
+        Ok(remote)
+    }
+
+    /// The remote layer started on `system`, if any.
+    pub fn get(system: &ActorSystem) -> Option<Remote> {
+        system.extension(|_| Slot(OnceLock::new())).0.get().cloned()
+    }
+
+    /// This node's address (`host:port`), with the real port if it bound port 0.
+    pub fn addr(&self) -> &str {
+        &self.node.addr
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.node.local.me.node_id
+    }
+
+    /// This process's incarnation of the node (random, new at each start).
+    pub fn incarnation(&self) -> u64 {
+        self.node.local.me.incarnation
+    }
+
+    /// This node's identity as sent in handshakes.
+    pub fn identity(&self) -> NodeIdentity {
+        self.node.local.me.clone()
+    }
+
+    /// The actor system this layer serves.
+    pub fn system(&self) -> &ActorSystem {
+        &self.node.system
+    }
+
+    /// Makes `actor` reachable from other nodes at `path`; messages are decoded as `M`.
+    /// Returns true if it replaced an earlier registration.
+    pub fn register<M>(&self, path: &str, actor: ActorRef<M>) -> bool
+    where
+        M: DeserializeOwned + Send + 'static,
+    {
+        let decoder = typed_decoder(self.node.system.clone(), path.into(), actor);
+        self.node.registry.insert(path, decoder).is_some()
+    }
+
+    /// Registers a hand-written decoder at `path` (adapters, routers). It runs on the
+    /// connection's reader task: it must not block.
+    pub fn register_decoder(&self, path: &str, decoder: Decoder) -> bool {
+        self.node.registry.insert(path, decoder).is_some()
+    }
+
+    /// Removes the registration at `path`. Returns true if there was one.
+    pub fn unregister(&self, path: &str) -> bool {
+        self.node.registry.remove(path)
+    }
+
+    /// A reference to the actor registered at `path` on the node at `addr`. Nothing is sent
+    /// until the first message; the connection is made (and kept) on demand.
+    pub fn lookup<M>(&self, path: &str, addr: &str) -> RemoteRef<M>
+    where
+        M: Serialize + Send + 'static,
+    {
+        RemoteRef::new(self.node.clone(), self.node.peer(addr), path.into())
+    }
+
+    /// Connects to the node at `addr` now and waits for the handshake. Returns the peer's
+    /// identity, or why it failed (unreachable, or refused by either side).
+    pub async fn connect(&self, addr: &str) -> Result<NodeIdentity, RemoteError> {
+        let peer = self.node.peer(addr);
+        if let Some(c) = peer.connection() {
+            return Ok(c.peer);
+        }
+        peer.start_dial();
+        let res = self.node.dial_once(&peer).await;
+        peer.end_dial();
+        res
+    }
+
+    /// The current connection to the node at `addr`, if any.
+    pub fn connection(&self, addr: &str) -> Option<ConnectionInfo> {
+        self.node.existing_peer(addr)?.connection()
+    }
+
+    /// Closes the current connection to `addr` (it is re-made on demand).
+    pub fn disconnect(&self, addr: &str) {
+        if let Some(p) = self.node.existing_peer(addr) {
+            p.disconnect();
+        }
+    }
+
+    /// Messages waiting in the user lane toward `addr`.
+    pub fn queued(&self, addr: &str) -> usize {
+        self.node
+            .existing_peer(addr)
+            .map_or(0, |p| p.queue.user_len())
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> RemoteStats {
+        self.node.counters.snapshot()
+    }
+
+    /// Subscribes to connection events (connected, disconnected, handshake failures, ...).
+    pub fn events(&self) -> broadcast::Receiver<RemoteEvent> {
+        self.node.events.subscribe()
+    }
+
+    /// Stops listening, closes every connection and waits for the layer's tasks to end.
+    /// Queued messages are dropped. Also happens when the actor system shuts down.
+    pub async fn shutdown(&self) {
+        self.node.shutdown.cancel();
+        self.node.tasks.close();
+        self.node.tasks.wait().await;
+    }
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("node_id", &self.node_id())
+            .field("addr", &self.addr())
+            .field("incarnation", &self.incarnation())
+            .finish()
+    }
+}
+
+async fn bind(addr: &str, buffer: Option<u32>) -> Result<TcpListener, RemoteError> {
+    let err = |source| RemoteError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let sa: SocketAddr = tokio::net::lookup_host(addr)
+        .await
+        .map_err(err)?
+        .next()
+        .ok_or_else(|| err(std::io::ErrorKind::AddrNotAvailable.into()))?;
+    let socket = if sa.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(err)?;
+    socket.set_reuseaddr(true).map_err(err)?;
+    if let Some(size) = buffer {
+        // Inherited by accepted connections.
+        socket.set_send_buffer_size(size).map_err(err)?;
+        socket.set_recv_buffer_size(size).map_err(err)?;
+    }
+    socket.bind(sa).map_err(err)?;
+    socket.listen(1024).map_err(err)
+}

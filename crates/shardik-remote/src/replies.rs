@@ -1,0 +1,338 @@
+//! Reply slots: local askers waiting for answers from other nodes, and the
+//! [`WireContext`](shardik_actor::wire::WireContext) that exports and imports them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use shardik_actor::wire::{ReplyDeliver, ReplySink, WireContext, WireReplyAddr};
+use tokio::sync::oneshot;
+
+use crate::frame::{Frame, ReplyFailure};
+use crate::node::Node;
+
+struct Pending {
+    deliver: ReplyDeliver,
+    peer: Arc<str>,
+    created: Instant,
+    on_fail: Option<oneshot::Sender<(ReplyFailure, String)>>,
+}
+
+/// Reply slots of this node, numbered from a random start so that a stale reply meant for a
+/// previous incarnation is very unlikely to match a slot of this one.
+pub(crate) struct Replies {
+    next: AtomicU64,
+    pending: Mutex<HashMap<u64, Pending>>,
+}
+
+thread_local! {
+    /// Slots exported by the encode running on this thread (see [`capture`]).
+    static CAPTURED: RefCell<Option<Vec<u64>>> = const { RefCell::new(None) };
+    /// Reply guards dropped during the dispatch running on this thread (see [`dispatching`]).
+    static DROPPED: RefCell<Option<Vec<ReplyGuard>>> = const { RefCell::new(None) };
+}
+
+/// Runs an encode and returns the reply slots it exported along with its result.
+pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, Vec<u64>) {
+    /// Restores the outer capture even if `f` panics.
+    struct Restore(Option<Option<Vec<u64>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(prev) = self.0.take() {
+                let _ = CAPTURED.try_with(|c| *c.borrow_mut() = prev);
+            }
+        }
+    }
+    let prev = CAPTURED.with(|c| c.borrow_mut().replace(Vec::new()));
+    let mut restore = Restore(Some(prev));
+    let out = f();
+    let prev = restore.0.take().expect("set above");
+    let ids = CAPTURED.with(|c| std::mem::replace(&mut *c.borrow_mut(), prev));
+    (out, ids.unwrap_or_default())
+}
+
+/// Runs a dispatch (decode and tell). Reply handles dropped unanswered while it runs (because
+/// the payload failed to decode halfway, or the recipient refused the message) are not
+/// reported one by one: if the dispatch fails, the caller reports the precise failure for all
+/// of the message's slots; if it succeeds, they are reported as unanswered.
+pub(crate) fn dispatching<E>(f: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+    /// Restores the outer state even if `f` panics (the deferred guards are then dropped
+    /// disarmed: the asker times out).
+    struct Restore(Option<Option<Vec<ReplyGuard>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(prev) = self.0.take() {
+                if let Ok(Some(mut deferred)) =
+                    DROPPED.try_with(|c| std::mem::replace(&mut *c.borrow_mut(), prev))
+                {
+                    deferred.iter_mut().for_each(ReplyGuard::disarm);
+                }
+            }
+        }
+    }
+    let prev = DROPPED.with(|c| c.borrow_mut().replace(Vec::new()));
+    let mut restore = Restore(Some(prev));
+    let out = f();
+    let prev = restore.0.take().expect("set above");
+    let dropped = DROPPED.with(|c| std::mem::replace(&mut *c.borrow_mut(), prev));
+    let dropped = dropped.unwrap_or_default();
+    if out.is_ok() {
+        for mut g in dropped {
+            g.send_no_reply();
+        }
+    } else {
+        for mut g in dropped {
+            g.disarm();
+        }
+    }
+    out
+}
+
+impl Replies {
+    pub(crate) fn new() -> Self {
+        let start = getrandom::u64().unwrap_or(1) >> 2;
+        Replies {
+            next: AtomicU64::new(start.max(1)),
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn export(&self, deliver: ReplyDeliver, peer: Arc<str>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.pending.lock().insert(
+            id,
+            Pending {
+                deliver,
+                peer,
+                created: Instant::now(),
+                on_fail: None,
+            },
+        );
+        CAPTURED.with(|c| {
+            if let Some(v) = c.borrow_mut().as_mut() {
+                v.push(id);
+            }
+        });
+        id
+    }
+
+    /// Registers a waiter told when slot `id` fails (it must have been exported).
+    pub(crate) fn on_fail(&self, id: u64, tx: oneshot::Sender<(ReplyFailure, String)>) {
+        if let Some(p) = self.pending.lock().get_mut(&id) {
+            p.on_fail = Some(tx);
+        }
+    }
+
+    /// Completes slot `id` with an encoded answer. Returns false if the slot is unknown.
+    pub(crate) fn complete(&self, id: u64, payload: &[u8]) -> Result<bool, String> {
+        let Some(p) = self.pending.lock().remove(&id) else {
+            return Ok(false);
+        };
+        (p.deliver)(payload).map(|()| true)
+    }
+
+    /// Fails the given slots; an ask waiting on one of them learns why.
+    pub(crate) fn fail(&self, ids: &[u64], failure: ReplyFailure, reason: &str) {
+        let removed: Vec<Pending> = {
+            let mut map = self.pending.lock();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        for p in removed {
+            if let Some(tx) = p.on_fail {
+                let _ = tx.send((failure, reason.to_string()));
+            }
+            // Dropping `deliver` closes the asker's channel.
+        }
+    }
+
+    /// Forgets slots without an answer (an ask timed out).
+    pub(crate) fn forget(&self, ids: &[u64]) {
+        let mut map = self.pending.lock();
+        for id in ids {
+            map.remove(id);
+        }
+    }
+
+    /// Fails every slot waiting on `peer` that was exported before `cutoff` (the peer
+    /// restarted: those requests went to its old incarnation and will never be answered).
+    /// Later slots belong to requests still queued for the new incarnation.
+    pub(crate) fn fail_peer(&self, peer: &str, cutoff: Instant, reason: &str) {
+        let ids: Vec<u64> = self
+            .pending
+            .lock()
+            .iter()
+            .filter(|(_, p)| &*p.peer == peer && p.created < cutoff)
+            .map(|(id, _)| *id)
+            .collect();
+        self.fail(&ids, ReplyFailure::Undeliverable, reason);
+    }
+
+    /// Forgets slots older than `max_age`. Returns how many.
+    pub(crate) fn sweep(&self, max_age: Duration) -> usize {
+        let now = Instant::now();
+        let mut map = self.pending.lock();
+        let before = map.len();
+        map.retain(|_, p| now.duration_since(p.created) < max_age);
+        before - map.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.pending.lock().len()
+    }
+}
+
+/// The wire context used when encoding for, or decoding from, one peer.
+pub(crate) struct PeerWire {
+    pub(crate) node: Weak<Node>,
+    /// The peer's advertised address.
+    pub(crate) peer: Arc<str>,
+}
+
+impl WireContext for PeerWire {
+    fn export_reply(&self, deliver: ReplyDeliver) -> Result<WireReplyAddr, String> {
+        let node = self
+            .node
+            .upgrade()
+            .ok_or("the remote layer has shut down")?;
+        let id = node.replies.export(deliver, self.peer.clone());
+        Ok(WireReplyAddr {
+            node: node.addr.to_string(),
+            id,
+        })
+    }
+
+    fn import_reply(self: Arc<Self>, addr: WireReplyAddr) -> Result<ReplySink, String> {
+        let node = self
+            .node
+            .upgrade()
+            .ok_or("the remote layer has shut down")?;
+        // Answers go back to the node the message came from, whatever address the reply
+        // handle names (so a peer cannot make this node send to third parties).
+        if *addr.node != *self.peer {
+            tracing::debug!(
+                named = %addr.node,
+                sender = %self.peer,
+                "reply handle names another node than its sender; answering the sender"
+            );
+        }
+        let peer = node.peer(&self.peer);
+        let mut guard = ReplyGuard {
+            peer: Arc::downgrade(&peer),
+            id: addr.id,
+            armed: true,
+        };
+        Ok(Box::new(move |bytes: Vec<u8>| {
+            guard.armed = false;
+            if let Some(peer) = guard.peer.upgrade() {
+                peer.send_reply(Frame::Reply {
+                    id: guard.id,
+                    payload: Bytes::from(bytes),
+                });
+            }
+        }))
+    }
+}
+
+/// Tells the asker when a reply handle from its node is dropped unanswered, so a remote ask
+/// fails at once with `NoReply` like a local one.
+struct ReplyGuard {
+    peer: Weak<crate::peer::Peer>,
+    id: u64,
+    armed: bool,
+}
+
+impl ReplyGuard {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    fn send_no_reply(&mut self) {
+        if !std::mem::replace(&mut self.armed, false) {
+            return;
+        }
+        if let Some(peer) = self.peer.upgrade() {
+            peer.send_reply(Frame::ReplyFailed {
+                ids: vec![self.id],
+                failure: ReplyFailure::NoReply,
+                reason: "the recipient dropped the request without replying".into(),
+            });
+        }
+    }
+}
+
+impl Drop for ReplyGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let deferred = DROPPED
+            .try_with(|c| match c.try_borrow_mut() {
+                Ok(mut slot) => match slot.as_mut() {
+                    Some(v) => {
+                        v.push(ReplyGuard {
+                            peer: std::mem::take(&mut self.peer),
+                            id: self.id,
+                            armed: true,
+                        });
+                        true
+                    }
+                    None => false,
+                },
+                Err(_) => false,
+            })
+            .unwrap_or(false);
+        if !deferred {
+            self.send_no_reply();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_complete_fail_forget_and_sweep() {
+        let r = Replies::new();
+        let (tx, mut rx) = oneshot::channel::<u32>();
+        let deliver: ReplyDeliver = Box::new(move |b: &[u8]| {
+            let _ = tx.send(rmp_serde::from_slice(b).map_err(|e| e.to_string())?);
+            Ok(())
+        });
+        let (id, ids) = capture(|| r.export(deliver, "p".into()));
+        assert_eq!(ids, vec![id]);
+        assert_eq!(r.complete(id, &rmp_serde::to_vec(&7u32).unwrap()), Ok(true));
+        assert_eq!(rx.try_recv(), Ok(7));
+        assert_eq!(r.complete(id, b""), Ok(false));
+
+        let (tx, mut rx) = oneshot::channel::<u32>();
+        let id = r.export(
+            Box::new(move |_| {
+                drop(tx);
+                Ok(())
+            }),
+            "p".into(),
+        );
+        let (ftx, mut frx) = oneshot::channel();
+        r.on_fail(id, ftx);
+        r.fail(&[id], ReplyFailure::UnknownRecipient, "nobody");
+        assert_eq!(frx.try_recv().unwrap().0, ReplyFailure::UnknownRecipient);
+        assert!(rx.try_recv().is_err());
+
+        let a = r.export(Box::new(|_| Ok(())), "p".into());
+        let _b = r.export(Box::new(|_| Ok(())), "q".into());
+        r.forget(&[a]);
+        assert_eq!(r.len(), 1);
+        r.fail_peer("q", Instant::now() - Duration::from_secs(60), "restarted");
+        assert_eq!(r.len(), 1, "slots newer than the cutoff stay");
+        r.fail_peer("q", Instant::now(), "restarted");
+        assert_eq!(r.len(), 0);
+        r.export(Box::new(|_| Ok(())), "p".into());
+        assert_eq!(r.sweep(Duration::ZERO), 1);
+    }
+}

@@ -1,0 +1,134 @@
+//! Counters of the remote layer ([`RemoteStats`]) and the events it publishes
+//! ([`RemoteEvent`]). Every counter is also exported through the `metrics` crate.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::frame::RejectReason;
+
+macro_rules! counters {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+        /// Totals since the node started.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct RemoteStats {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        #[derive(Default)]
+        pub(crate) struct Counters {
+            $( pub(crate) $name: AtomicU64, )*
+        }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self) -> RemoteStats {
+                RemoteStats { $( $name: self.$name.load(Ordering::Relaxed), )* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// User messages queued toward peers.
+    messages_sent,
+    /// User messages delivered to local actors.
+    messages_delivered,
+    /// Write calls made by writers (each carries a batch of frames).
+    write_batches,
+    /// Frames written.
+    frames_written,
+    /// Messages refused because a peer's user lane was full (drop newest).
+    dropped_queue_full,
+    /// Messages refused because their frame would exceed the size limit.
+    dropped_too_large,
+    /// Messages that failed to encode at the sender.
+    encode_errors,
+    /// Messages for a path nobody registered.
+    unknown_recipient,
+    /// Payloads that failed to decode as the recipient's message type.
+    decode_errors,
+    /// Messages the recipient actor refused (stopped, or mailbox full).
+    recipient_refused,
+    /// Frames that did not parse (bad kind, malformed body), skipped.
+    malformed_frames,
+    /// Connections closed for a protocol violation (oversized frame, i/o error mid-frame,
+    /// handshake frames after the handshake).
+    connections_rejected,
+    /// Handshakes that failed, on either side.
+    handshake_failures,
+    /// Connections that completed a handshake.
+    connections_established,
+    /// Frames dropped by the fault injector.
+    fault_dropped,
+    /// Replies whose slot was unknown (late after a timeout, or forged).
+    replies_unmatched,
+    /// Replies that failed to decode as the asker's type.
+    reply_decode_errors,
+    /// Heartbeats answered.
+    heartbeats_acked,
+    /// Longest heartbeat round trip seen, in microseconds (from queueing the heartbeat to
+    /// reading its answer; shows how long user traffic delayed the control lane).
+    heartbeat_rtt_max_us,
+    /// Latest heartbeat round trip, in microseconds.
+    heartbeat_rtt_last_us,
+}
+
+impl Counters {
+    pub(crate) fn bump(&self, c: &AtomicU64, metric: &'static str) -> u64 {
+        metrics::counter!(metric).increment(1);
+        c.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// Log the first 10 occurrences, then every 1000th, so a flood cannot drown the log.
+pub(crate) fn should_log(n: u64) -> bool {
+    n <= 10 || n % 1000 == 0
+}
+
+/// Something that happened to a node's connections. Subscribe with
+/// [`Remote::events`](crate::Remote::events).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemoteEvent {
+    /// A handshake completed; user frames flow to and from `node_id` at `addr`.
+    Connected {
+        /// The peer's advertised address.
+        addr: String,
+        /// The peer's node id.
+        node_id: String,
+        /// The peer's incarnation.
+        incarnation: u64,
+        /// True if this node dialed.
+        outbound: bool,
+    },
+    /// A connection ended.
+    Disconnected {
+        /// The peer's advertised address.
+        addr: String,
+    },
+    /// A peer came back with a new incarnation (it restarted); replies pending toward its old
+    /// incarnation were failed.
+    PeerRestarted {
+        /// The peer's advertised address.
+        addr: String,
+        /// The old incarnation.
+        old: u64,
+        /// The new incarnation.
+        new: u64,
+    },
+    /// A handshake failed, on either side.
+    HandshakeFailed {
+        /// The remote address (the socket address for inbound connections).
+        addr: String,
+        /// The reject reason, if one side refused.
+        reason: Option<RejectReason>,
+        /// True if this node refused the peer (false: the peer refused us, or it broke off).
+        by_us: bool,
+        /// The error text.
+        error: String,
+    },
+    /// A connection was closed because the peer broke the protocol (oversized or bad frames).
+    ConnectionRejected {
+        /// The remote socket address.
+        addr: String,
+        /// The error text.
+        error: String,
+    },
+}

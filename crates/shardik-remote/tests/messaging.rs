@@ -1,0 +1,228 @@
+//! Tell and ask between two and three nodes, replies inside messages, FIFO per pair.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde::{Deserialize, Serialize};
+use shardik_actor::{Actor, ActorError, AskError, Context, ReplyTo};
+use shardik_remote::RemoteRef;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tell_and_ask_both_ways() {
+    let (sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    let mut seen_a = echo(&sys_a, &a);
+    let mut seen_b = echo(&sys_b, &b);
+
+    let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+    let to_a = b.lookup::<Echo>("/user/echo", a.addr());
+    to_b.tell(Echo::Record { from: 1, n: 10 });
+    to_a.tell(Echo::Record { from: 2, n: 20 });
+    assert_eq!(next(&mut seen_b).await, (1, 10));
+    assert_eq!(next(&mut seen_a).await, (2, 20));
+
+    assert_eq!(to_b.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
+    assert_eq!(
+        to_a.ask(|reply| Echo::Inc { n: 41, reply }, T).await,
+        Ok(42)
+    );
+
+    // One connection serves both directions.
+    let ca = a.connection(b.addr()).expect("a is connected to b");
+    let cb = b.connection(a.addr()).expect("b is connected to a");
+    assert_eq!((ca.local, ca.remote), (cb.remote, cb.local));
+    assert_eq!(ca.peer.node_id, "b");
+    assert_eq!(ca.peer.incarnation, b.incarnation());
+    sys_a.shutdown().await;
+    sys_b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_reply_handle_fails_the_ask_without_waiting_for_the_timeout() {
+    let (_sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    let _seen = echo(&sys_b, &b);
+    let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+    let started = Instant::now();
+    let res = to_b
+        .ask(|reply| Echo::Ignore { reply }, Duration::from_secs(30))
+        .await;
+    assert_eq!(res, Err(AskError::NoReply));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// A message that carries a reply channel made by hand (not by `ask`).
+#[derive(Serialize, Deserialize)]
+struct Subscribe {
+    topic: String,
+    answer: ReplyTo<String>,
+}
+
+struct Subscriptions;
+impl Actor for Subscriptions {
+    type Msg = Subscribe;
+    async fn handle(&mut self, msg: Subscribe, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        msg.answer.reply(format!("subscribed to {}", msg.topic));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reply_to_inside_a_told_message_travels_back() {
+    let (_sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    b.register("/user/subs", sys_b.spawn(Subscriptions));
+    let subs = a.lookup::<Subscribe>("/user/subs", b.addr());
+    let (answer, rx) = ReplyTo::channel();
+    subs.tell(Subscribe {
+        topic: "news".into(),
+        answer,
+    });
+    let got = tokio::time::timeout(T, rx).await.unwrap().unwrap();
+    assert_eq!(got, "subscribed to news");
+}
+
+/// Asks the next node and answers its own asker with the result plus one.
+#[derive(Serialize, Deserialize)]
+enum Relay {
+    Inc { n: u64, reply: ReplyTo<u64> },
+}
+
+struct RelayActor {
+    next: RemoteRef<Echo>,
+}
+
+impl Actor for RelayActor {
+    type Msg = Relay;
+    async fn handle(&mut self, msg: Relay, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        let Relay::Inc { n, reply } = msg;
+        let next = self.next.clone();
+        // Answer from a task so the relay keeps handling messages meanwhile.
+        tokio::spawn(async move {
+            if let Ok(m) = next.ask(|reply| Echo::Inc { n, reply }, T).await {
+                reply.reply(m + 1);
+            }
+        });
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_relay_an_ask_and_reply_to_the_original_sender() {
+    let (sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    let (sys_c, c) = node("c").await;
+    let _seen_c = echo(&sys_c, &c);
+    let relay = RelayActor {
+        next: b.lookup("/user/echo", c.addr()),
+    };
+    b.register("/user/relay", sys_b.spawn(relay));
+    let to_relay = a.lookup::<Relay>("/user/relay", b.addr());
+    for n in 0..20 {
+        assert_eq!(
+            to_relay.ask(|reply| Relay::Inc { n, reply }, T).await,
+            Ok(n + 2)
+        );
+    }
+    // And C reaches A directly.
+    let mut seen_a = echo(&sys_a, &a);
+    c.lookup::<Echo>("/user/echo", a.addr())
+        .tell(Echo::Record { from: 3, n: 3 });
+    assert_eq!(next(&mut seen_a).await, (3, 3));
+    assert!(a.connection(c.addr()).is_some());
+    assert!(a.connection(b.addr()).is_some());
+    assert!(b.connection(c.addr()).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_per_sender_receiver_pair_under_concurrency() {
+    const SENDERS: u32 = 4;
+    const PER_SENDER: u64 = 5_000;
+    let (sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    let mut seen_b = echo(&sys_b, &b);
+    let mut seen_a = echo(&sys_a, &a);
+    let mut tasks = Vec::new();
+    for s in 0..SENDERS {
+        let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+        let to_a = b.lookup::<Echo>("/user/echo", a.addr());
+        tasks.push(tokio::spawn(async move {
+            for n in 0..PER_SENDER {
+                to_b.tell(Echo::Record { from: s, n });
+                to_a.tell(Echo::Record { from: s, n });
+                if n % 512 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for seen in [&mut seen_b, &mut seen_a] {
+        let mut next = vec![0u64; SENDERS as usize];
+        for _ in 0..SENDERS as u64 * PER_SENDER {
+            let (s, n) = tokio::time::timeout(T, seen.recv()).await.unwrap().unwrap();
+            assert_eq!(n, next[s as usize], "sender {s} out of order");
+            next[s as usize] += 1;
+        }
+        assert!(next.iter().all(|&n| n == PER_SENDER));
+    }
+    let stats = a.stats();
+    assert_eq!(stats.messages_sent, SENDERS as u64 * PER_SENDER);
+    assert!(
+        stats.write_batches < stats.frames_written,
+        "writer batches frames: {stats:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_connects_settle_on_one_connection() {
+    for _ in 0..5 {
+        let (sys_a, a) = node("a").await;
+        let (sys_b, b) = node("b").await;
+        let mut seen_a = echo(&sys_a, &a);
+        let mut seen_b = echo(&sys_b, &b);
+        let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+        let to_a = b.lookup::<Echo>("/user/echo", a.addr());
+        let (ra, rb) = tokio::join!(
+            to_b.ask(|reply| Echo::Inc { n: 1, reply }, T),
+            to_a.ask(|reply| Echo::Inc { n: 2, reply }, T)
+        );
+        assert_eq!((ra, rb), (Ok(2), Ok(3)));
+        // Messages sent now go over the settled connection; once both arrive, both sides
+        // name the same TCP connection.
+        to_b.tell(Echo::Record { from: 1, n: 1 });
+        to_a.tell(Echo::Record { from: 2, n: 2 });
+        assert_eq!(next(&mut seen_b).await, (1, 1));
+        assert_eq!(next(&mut seen_a).await, (2, 2));
+        let ca = a.connection(b.addr()).unwrap();
+        let cb = b.connection(a.addr()).unwrap();
+        assert_eq!((ca.local, ca.remote), (cb.remote, cb.local));
+        assert_ne!(ca.outbound, cb.outbound);
+        sys_a.shutdown().await;
+        sys_b.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_of_the_own_address_delivers_locally_through_the_same_encoding() {
+    let (sys, a) = node("a").await;
+    let mut seen = echo(&sys, &a);
+    let me = a.lookup::<Echo>("/user/echo", a.addr());
+    me.tell(Echo::Record { from: 1, n: 1 });
+    assert_eq!(next(&mut seen).await, (1, 1));
+    assert_eq!(me.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
+    assert_eq!(
+        me.ask(|reply| Echo::Ignore { reply }, T).await,
+        Err(AskError::NoReply)
+    );
+    let nobody = a.lookup::<Echo>("/user/nobody", a.addr());
+    assert!(matches!(
+        nobody.ask(|reply| Echo::Inc { n: 1, reply }, T).await,
+        Err(AskError::Undeliverable(_))
+    ));
+    assert!(a.connection(a.addr()).is_none(), "no connection to itself");
+}

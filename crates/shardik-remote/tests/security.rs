@@ -1,0 +1,91 @@
+//! The handshake refuses nodes with the wrong secret or cluster, on both sides, and no user
+//! message crosses.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use shardik_actor::AskError;
+use shardik_remote::{HandshakeError, RejectReason, RemoteConfig, RemoteError, RemoteEvent};
+
+async fn refused_both_ways(good: RemoteConfig, bad: RemoteConfig, reason: RejectReason) {
+    let (sys_a, a) = node_with(good).await;
+    let (_sys_b, b) = node_with(bad).await;
+    let mut seen_a = echo(&sys_a, &a);
+    let mut events_a = a.events();
+    let mut events_b = b.events();
+
+    // The dialing side gets a typed error.
+    let err = b.connect(a.addr()).await.unwrap_err();
+    match &err {
+        RemoteError::Handshake(HandshakeError::RefusedByPeer { reason: r, .. })
+        | RemoteError::Handshake(HandshakeError::Refused { reason: r, .. }) => {
+            assert_eq!(*r, reason, "{err}")
+        }
+        other => panic!("unexpected error {other}"),
+    }
+    // Both sides report the failure.
+    for events in [&mut events_a, &mut events_b] {
+        let e = wait_event(events, |e| matches!(e, RemoteEvent::HandshakeFailed { .. })).await;
+        let RemoteEvent::HandshakeFailed { reason: r, .. } = e else {
+            unreachable!()
+        };
+        assert_eq!(r, Some(reason));
+    }
+    assert!(b.connection(a.addr()).is_none());
+    assert!(a.connection(b.addr()).is_none());
+
+    // Messages never arrive; an ask times out.
+    let to_a = b.lookup::<Echo>("/user/echo", a.addr());
+    to_a.tell(Echo::Record { from: 9, n: 9 });
+    let res = to_a
+        .ask(
+            |reply| Echo::Inc { n: 1, reply },
+            Duration::from_millis(300),
+        )
+        .await;
+    assert_eq!(res, Err(AskError::Timeout(Duration::from_millis(300))));
+    assert!(seen_a.try_recv().is_err());
+    assert_eq!(a.stats().messages_delivered, 0);
+    assert!(a.stats().handshake_failures >= 1);
+    assert!(b.stats().handshake_failures >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_secret_is_refused() {
+    refused_both_ways(
+        config("a"),
+        config("b").secret(b"another secret, also long enough".to_vec()),
+        RejectReason::Authentication,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_secret_is_refused_by_a_node_that_has_one() {
+    let mut no_secret = config("b");
+    no_secret.secret = None;
+    refused_both_ways(config("a"), no_secret, RejectReason::Authentication).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_cluster_is_refused() {
+    let mut other = config("b");
+    other.cluster = "other-cluster".into();
+    refused_both_ways(config("a"), other, RejectReason::Cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matching_nodes_without_secrets_connect() {
+    let mut a_cfg = config("a");
+    a_cfg.secret = None;
+    let mut b_cfg = config("b");
+    b_cfg.secret = None;
+    let (sys_a, a) = node_with(a_cfg).await;
+    let (_sys_b, b) = node_with(b_cfg).await;
+    let _seen = echo(&sys_a, &a);
+    assert_eq!(b.connect(a.addr()).await.unwrap().node_id, "a");
+    let to_a = b.lookup::<Echo>("/user/echo", a.addr());
+    assert_eq!(to_a.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
+}
