@@ -161,6 +161,23 @@ async fn recv<R: AsyncRead + Unpin>(
     }
 }
 
+/// What both sides must share before any secret is involved: the protocol version and the
+/// cluster name. `Err` carries the reason and the detail to send back and log.
+fn compatible(local: &Local, version: u32, cluster: &str) -> Result<(), (RejectReason, String)> {
+    if version != local.version {
+        let detail = format!("peer speaks version {version}, we speak {}", local.version);
+        return Err((RejectReason::Version, detail));
+    }
+    if cluster != local.cluster {
+        let detail = format!(
+            "peer is in cluster {cluster:?}, we are in {:?}",
+            local.cluster
+        );
+        return Err((RejectReason::Cluster, detail));
+    }
+    Ok(())
+}
+
 async fn refuse<W: AsyncWrite + Unpin>(
     w: &mut W,
     local: &Local,
@@ -223,19 +240,8 @@ where
             return Err(refuse(w, local, RejectReason::Protocol, detail).await);
         }
     };
-    if ch.version != local.version {
-        let detail = format!(
-            "peer speaks version {}, we speak {}",
-            ch.version, local.version
-        );
-        return Err(refuse(w, local, RejectReason::Version, detail).await);
-    }
-    if ch.cluster != local.cluster {
-        let detail = format!(
-            "peer is in cluster {:?}, we are in {:?}",
-            ch.cluster, local.cluster
-        );
-        return Err(refuse(w, local, RejectReason::Cluster, detail).await);
+    if let Err((reason, detail)) = compatible(local, ch.version, &ch.cluster) {
+        return Err(refuse(w, local, reason, detail).await);
     }
     if !verify(
         &local.secret,
@@ -317,19 +323,8 @@ where
             return Err(refuse(w, local, RejectReason::Protocol, detail).await);
         }
     };
-    if hello.version != local.version {
-        let detail = format!(
-            "peer speaks version {}, we speak {}",
-            hello.version, local.version
-        );
-        return Err(refuse(w, local, RejectReason::Version, detail).await);
-    }
-    if hello.cluster != local.cluster {
-        let detail = format!(
-            "peer is in cluster {:?}, we are in {:?}",
-            hello.cluster, local.cluster
-        );
-        return Err(refuse(w, local, RejectReason::Cluster, detail).await);
+    if let Err((reason, detail)) = compatible(local, hello.version, &hello.cluster) {
+        return Err(refuse(w, local, reason, detail).await);
     }
     let nonce_a = nonce();
     let my_proof = proof(
