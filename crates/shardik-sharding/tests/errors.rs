@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{item, snapshot, Msg, Probe};
+use common::{item, recorders, snapshot, Msg, Probe};
 use shardik_actor::{ActorSystem, AskError};
 use shardik_sharding::{Sharding, ShardingError, ShardingExt};
 
@@ -128,12 +128,7 @@ async fn looking_up_a_region_checks_the_message_type() {
 
 #[tokio::test(start_paused = true)]
 async fn an_ask_that_is_never_answered_times_out() {
-    let system = ActorSystem::new("ask-timeout");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
+    let (system, _probe, region) = recorders("ask-timeout", |e| e);
     let timeout = Duration::from_secs(5);
 
     let started = tokio::time::Instant::now();

@@ -5,9 +5,8 @@
 
 mod common;
 
-use common::{item, snapshot, snapshot_retry, Event, Msg, Probe, BLOCK, PATIENCE};
-use shardik_actor::{ActorSystem, AskError, MailboxConfig, TellError};
-use shardik_sharding::ShardingExt;
+use common::{item, recorders, snapshot, snapshot_retry, Event, Msg, BLOCK, PATIENCE};
+use shardik_actor::{AskError, MailboxConfig, TellError};
 
 const LIMIT: u64 = 4;
 
@@ -23,12 +22,7 @@ fn assert_refused(result: Result<(), TellError<Msg>>, seq: u64) {
 
 #[tokio::test]
 async fn the_buffer_of_a_passivating_entity_holds_buffer_limit_messages() {
-    let system = ActorSystem::new("overflow");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder").buffer_limit(LIMIT as usize))
-        .unwrap();
+    let (system, probe, region) = recorders("overflow", |e| e.buffer_limit(LIMIT as usize));
 
     region.tell("a", Msg::Block { gate: 1 });
     probe.next_event().await; // entered
@@ -99,13 +93,9 @@ async fn the_buffer_of_a_passivating_entity_holds_buffer_limit_messages() {
 /// entity: a full buffer of one entity does not refuse messages for another.
 #[tokio::test]
 async fn the_limit_holds_for_self_stops_and_per_entity() {
-    let system = ActorSystem::new("overflow-self-stop");
-    let probe = Probe::new();
+    let (system, probe, region) =
+        recorders("overflow-self-stop", |e| e.buffer_limit(LIMIT as usize));
     probe.hold_stops(1);
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder").buffer_limit(LIMIT as usize))
-        .unwrap();
 
     for id in ["a", "b"] {
         region.tell(id, Msg::StopSelf);
@@ -153,16 +143,8 @@ async fn the_limit_holds_for_self_stops_and_per_entity() {
 /// A bounded entity mailbox refuses like a full buffer.
 #[tokio::test]
 async fn a_full_bounded_mailbox_refuses() {
-    let system = ActorSystem::new("overflow-mailbox");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(
-            probe
-                .entity_type("recorder")
-                .mailbox(MailboxConfig::bounded(2)),
-        )
-        .unwrap();
+    let (system, probe, region) =
+        recorders("overflow-mailbox", |e| e.mailbox(MailboxConfig::bounded(2)));
 
     region.tell("a", Msg::Block { gate: 1 });
     probe.next_event().await; // entered: its mailbox is empty again
@@ -185,17 +167,9 @@ async fn a_full_bounded_mailbox_refuses() {
 /// may add, not what the region already accepted.
 #[tokio::test]
 async fn a_buffered_backlog_larger_than_a_bounded_mailbox_is_not_dropped() {
-    let system = ActorSystem::new("overflow-handover");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(
-            probe
-                .entity_type("recorder")
-                .mailbox(MailboxConfig::bounded(2))
-                .buffer_limit(5),
-        )
-        .unwrap();
+    let (system, probe, region) = recorders("overflow-handover", |e| {
+        e.mailbox(MailboxConfig::bounded(2)).buffer_limit(5)
+    });
 
     region.tell("a", Msg::Block { gate: 1 });
     probe.next_event().await; // entered

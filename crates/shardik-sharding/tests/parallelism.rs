@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{item, Probe, PATIENCE};
+use common::{item, recorders, PATIENCE};
 use serde::{Deserialize, Serialize};
 use shardik_actor::{Actor, ActorError, ActorSystem, Context, ReplyTo};
 use shardik_sharding::{EntityType, ShardingExt};
@@ -19,12 +19,7 @@ const ROUNDS: u64 = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_entities_fed_by_several_tasks_count_everything() {
-    let system = ActorSystem::new("many");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
+    let (system, probe, region) = recorders("many", |e| e);
     let ids: Arc<Vec<String>> = Arc::new((0..ENTITIES).map(|i| format!("user-{i}")).collect());
 
     let mut senders = Vec::new();

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{item, snapshot, snapshot_retry, tell_retry, Event, Msg, Probe, BLOCK};
+use common::{item, recorders, snapshot, snapshot_retry, tell_retry, Event, Msg, Probe, BLOCK};
 use shardik_actor::{ActorSystem, MailboxConfig};
 use shardik_sharding::ShardingExt;
 
@@ -120,12 +120,7 @@ async fn repeated_passivation_with_a_bounded_mailbox_loses_nothing() {
 /// are not handled by that incarnation; they go to the next one, in order.
 #[tokio::test]
 async fn messages_queued_behind_a_self_stop_reach_the_next_incarnation() {
-    let system = ActorSystem::new("self-stop");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
+    let (system, probe, region) = recorders("self-stop", |e| e);
 
     region.tell("a", item(0, 0));
     region.tell("a", Msg::Block { gate: 1 });
@@ -167,13 +162,8 @@ async fn messages_queued_behind_a_self_stop_reach_the_next_incarnation() {
 /// terminated the next one gets its unhandled mailbox first, then the buffer.
 #[tokio::test]
 async fn messages_sent_while_an_entity_stops_wait_for_the_next_incarnation() {
-    let system = ActorSystem::new("stopping-buffer");
-    let probe = Probe::new();
+    let (system, probe, region) = recorders("stopping-buffer", |e| e);
     probe.hold_stops(9);
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
 
     region.tell("a", item(0, 0));
     region.tell("a", Msg::StopSelf);
@@ -215,12 +205,7 @@ async fn messages_sent_while_an_entity_stops_wait_for_the_next_incarnation() {
 /// what arrives afterwards goes to the next incarnation.
 #[tokio::test]
 async fn passivate_finishes_the_mailbox_then_buffers_for_the_next_incarnation() {
-    let system = ActorSystem::new("passivate");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
+    let (system, probe, region) = recorders("passivate", |e| e);
 
     assert!(!region.passivate("a"), "unknown entity");
     region.tell("a", Msg::Block { gate: 1 });
@@ -257,12 +242,7 @@ async fn passivate_finishes_the_mailbox_then_buffers_for_the_next_incarnation() 
 /// fresh incarnation from the factory.
 #[tokio::test]
 async fn a_passivated_entity_restarts_from_the_factory_on_its_next_message() {
-    let system = ActorSystem::new("passivate-idle");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
+    let (system, probe, region) = recorders("passivate-idle", |e| e);
 
     region.tell("a", item(0, 1));
     assert_eq!(snapshot(&region, "a").await.handled, vec![(0, 1)]);
@@ -296,12 +276,7 @@ async fn a_backlog_that_stops_its_own_incarnation_is_carried_over() {
     const GROUPS: u64 = 8;
     const STOPS_PER_GROUP: u64 = 4;
     const ITEMS_PER_GROUP: u64 = 2_000;
-    let system = ActorSystem::new("stopping-backlog");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder").buffer_limit(100_000))
-        .unwrap();
+    let (system, probe, region) = recorders("stopping-backlog", |e| e.buffer_limit(100_000));
 
     region.tell("a", Msg::Block { gate: 1 });
     probe.next_event().await; // entered

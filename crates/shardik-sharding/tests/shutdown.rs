@@ -7,9 +7,8 @@ mod common;
 use std::future::Future;
 use std::pin::{pin, Pin};
 
-use common::{item, Event, Msg, Probe, BLOCK};
-use shardik_actor::{ActorSystem, AskError, TellError};
-use shardik_sharding::ShardingExt;
+use common::{item, recorders, Event, Msg, BLOCK};
+use shardik_actor::{AskError, TellError};
 
 /// Polls the shutdown once: that first poll tells every actor to stop (synchronously, on this
 /// task), and the shutdown must then still wait for the parked handlers.
@@ -26,12 +25,7 @@ const IDLE: usize = 10;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_busy_entities_and_refuses_new_ones() {
-    let system = ActorSystem::new("shutdown");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
+    let (system, probe, region) = recorders("shutdown", |e| e);
 
     let busy: Vec<String> = (0..BUSY).map(|i| format!("busy-{i}")).collect();
     let idle: Vec<String> = (0..IDLE).map(|i| format!("idle-{i}")).collect();
@@ -90,12 +84,7 @@ async fn shutdown_waits_for_busy_entities_and_refuses_new_ones() {
 
 #[tokio::test]
 async fn tells_after_shutdown_are_dead_letters_and_start_nothing() {
-    let system = ActorSystem::new("after-shutdown");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
+    let (system, probe, region) = recorders("after-shutdown", |e| e);
     region.tell("a", item(0, 0));
     system.shutdown().await;
     assert_eq!(probe.stopped("a"), 1);
@@ -133,13 +122,8 @@ async fn tells_after_shutdown_are_dead_letters_and_start_nothing() {
 /// letters too; no new incarnation is started for them.
 #[tokio::test]
 async fn messages_buffered_at_shutdown_become_dead_letters() {
-    let system = ActorSystem::new("buffered-at-shutdown");
-    let probe = Probe::new();
+    let (system, probe, region) = recorders("buffered-at-shutdown", |e| e);
     probe.hold_stops(1);
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
 
     region.tell("a", Msg::StopSelf);
     assert!(matches!(probe.next_event().await, Event::Stopping { .. }));

@@ -9,18 +9,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{item, snapshot, Event, Msg, Probe, BLOCK};
-use shardik_actor::{ActorSystem, RestartPolicy, SupervisorStrategy};
-use shardik_sharding::ShardingExt;
+use common::{item, recorders, snapshot, Event, Msg, BLOCK};
+use shardik_actor::{RestartPolicy, SupervisorStrategy};
 
 #[tokio::test]
 async fn a_failing_entity_restarts_with_fresh_state_and_keeps_handling() {
-    let system = ActorSystem::new("restart");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(probe.entity_type("recorder"))
-        .unwrap();
+    let (system, probe, region) = recorders("restart", |e| e);
 
     region.tell("a", item(0, 1));
     region.tell("a", Msg::Panic);
@@ -53,16 +47,9 @@ async fn a_failing_entity_restarts_with_fresh_state_and_keeps_handling() {
 
 #[tokio::test]
 async fn under_stop_the_failed_entitys_messages_are_dead_and_the_next_one_starts_anew() {
-    let system = ActorSystem::new("stop-on-failure");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(
-            probe
-                .entity_type("recorder")
-                .supervisor(SupervisorStrategy::Stop),
-        )
-        .unwrap();
+    let (system, probe, region) = recorders("stop-on-failure", |e| {
+        e.supervisor(SupervisorStrategy::Stop)
+    });
 
     region.tell("a", Msg::Block { gate: 1 });
     probe.next_event().await; // entered
@@ -103,17 +90,10 @@ async fn under_stop_the_failed_entitys_messages_are_dead_and_the_next_one_starts
 /// start the next incarnation. Only what the failed one had accepted is dropped.
 #[tokio::test]
 async fn messages_arriving_while_a_failed_entity_stops_start_the_next_incarnation() {
-    let system = ActorSystem::new("stop-on-failure-buffer");
-    let probe = Probe::new();
+    let (system, probe, region) = recorders("stop-on-failure-buffer", |e| {
+        e.supervisor(SupervisorStrategy::Stop)
+    });
     probe.hold_stops(9);
-    let region = system
-        .sharding()
-        .start(
-            probe
-                .entity_type("recorder")
-                .supervisor(SupervisorStrategy::Stop),
-        )
-        .unwrap();
 
     region.tell("a", Msg::Block { gate: 1 });
     probe.next_event().await; // entered
@@ -143,19 +123,12 @@ async fn messages_arriving_while_a_failed_entity_stops_start_the_next_incarnatio
 /// Past the restart limit the entity stops for good; the next message starts a new one.
 #[tokio::test]
 async fn past_the_restart_limit_the_entity_stops_and_comes_back_on_the_next_message() {
-    let system = ActorSystem::new("restart-limit");
-    let probe = Probe::new();
-    let region = system
-        .sharding()
-        .start(
-            probe
-                .entity_type("recorder")
-                .supervisor(SupervisorStrategy::Restart(RestartPolicy::new(
-                    1,
-                    Duration::from_secs(600),
-                ))),
-        )
-        .unwrap();
+    let (system, probe, region) = recorders("restart-limit", |e| {
+        e.supervisor(SupervisorStrategy::Restart(RestartPolicy::new(
+            1,
+            Duration::from_secs(600),
+        )))
+    });
 
     region.tell("a", Msg::Block { gate: 1 });
     probe.next_event().await; // entered

@@ -14,8 +14,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use shardik_actor::{Actor, ActorError, ActorId, AskError, Context, ReplyTo, TellError};
-use shardik_sharding::{EntityType, Region};
+use shardik_actor::{
+    Actor, ActorError, ActorId, ActorSystem, AskError, Context, ReplyTo, TellError,
+};
+use shardik_sharding::{EntityType, Region, ShardingExt};
 use tokio::sync::{mpsc, watch};
 
 /// The `sender` recorded in the journal for a finished [`Msg::Block`].
@@ -364,4 +366,19 @@ pub async fn tell_retry(region: &Region<Msg>, id: &str, msg: Msg) -> u64 {
 /// The item message of `sender` number `seq`.
 pub fn item(sender: u32, seq: u64) -> Msg {
     Msg::Item { sender, seq }
+}
+
+/// A system named `system_name` with a region of [`Recorder`]s (entity type `"recorder"`,
+/// configured by `configure`) and the [`Probe`] they report to: every test's set-up.
+pub fn recorders(
+    system_name: &str,
+    configure: impl FnOnce(EntityType<Recorder>) -> EntityType<Recorder>,
+) -> (ActorSystem, Arc<Probe>, Region<Msg>) {
+    let system = ActorSystem::new(system_name);
+    let probe = Probe::new();
+    let region = system
+        .sharding()
+        .start(configure(probe.entity_type("recorder")))
+        .expect("the recorder entity type starts");
+    (system, probe, region)
 }
