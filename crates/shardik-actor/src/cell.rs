@@ -692,7 +692,9 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
             let envelope = match batch.pop_front() {
                 Some(e) => e,
                 None => {
-                    if cell.mailbox.take_batch(&mut batch) {
+                    // The flag saves the lock when nothing came (a racing push is caught by the
+                    // checks on the way to parking or idling).
+                    if cell.mailbox.user_pending() && cell.mailbox.take_batch(&mut batch) {
                         continue;
                     }
                     break;

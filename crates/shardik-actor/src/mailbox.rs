@@ -88,6 +88,8 @@ pub(crate) enum Pushed<M> {
 
 pub(crate) struct Mailbox<M> {
     lanes: Mutex<Lanes<M>>,
+    /// True while the user lane is not empty; written under the lock, read without it.
+    user_pending: AtomicBool,
     system_pending: AtomicBool,
     bounded: Option<Box<Bound>>,
 }
@@ -117,6 +119,7 @@ impl<M> Mailbox<M> {
                 system: Vec::new(),
                 closed: false,
             }),
+            user_pending: AtomicBool::new(false),
             system_pending: AtomicBool::new(false),
             bounded,
         }
@@ -173,6 +176,8 @@ impl<M> Mailbox<M> {
             Some(of) => Envelope::Watched(of, msg),
             None => Envelope::User(msg),
         });
+        // SeqCst: pairs with the run task's `PARKED` store and `has_work` load (see cell.rs).
+        self.user_pending.store(true, Ordering::SeqCst);
         Ok(pushed)
     }
 
@@ -183,6 +188,7 @@ impl<M> Mailbox<M> {
             return false;
         }
         lanes.user.push_back(Envelope::GracefulStop);
+        self.user_pending.store(true, Ordering::SeqCst);
         true
     }
 
@@ -193,19 +199,25 @@ impl<M> Mailbox<M> {
             return false;
         }
         lanes.system.push(msg);
-        self.system_pending.store(true, Ordering::Release);
+        self.system_pending.store(true, Ordering::SeqCst);
         true
     }
 
     /// Cheap check done between two user messages.
     #[inline]
     pub(crate) fn system_pending(&self) -> bool {
-        self.system_pending.load(Ordering::Acquire)
+        self.system_pending.load(Ordering::SeqCst)
+    }
+
+    /// Cheap check that the user lane may hold messages, without the lock.
+    #[inline]
+    pub(crate) fn user_pending(&self) -> bool {
+        self.user_pending.load(Ordering::SeqCst)
     }
 
     pub(crate) fn take_system(&self) -> Vec<SystemMessage> {
         let mut lanes = self.lanes.lock();
-        self.system_pending.store(false, Ordering::Release);
+        self.system_pending.store(false, Ordering::SeqCst);
         std::mem::take(&mut lanes.system)
     }
 
@@ -219,6 +231,7 @@ impl<M> Mailbox<M> {
                 false
             } else {
                 std::mem::swap(&mut lanes.user, batch);
+                self.user_pending.store(false, Ordering::SeqCst);
                 true
             }
         };
@@ -230,10 +243,10 @@ impl<M> Mailbox<M> {
         took
     }
 
-    /// True if anything waits in either lane.
+    /// True if anything waits in either lane. Lock-free: reads the flags that pushes set
+    /// under the lock.
     pub(crate) fn has_work(&self) -> bool {
-        let lanes = self.lanes.lock();
-        !lanes.user.is_empty() || !lanes.system.is_empty()
+        self.user_pending() || self.system_pending()
     }
 
     /// If both lanes are empty, gives back buffer memory and runs `mark_idle` under the lock,
@@ -259,7 +272,8 @@ impl<M> Mailbox<M> {
         let (user, _system) = {
             let mut lanes = self.lanes.lock();
             lanes.closed = true;
-            self.system_pending.store(false, Ordering::Release);
+            self.user_pending.store(false, Ordering::SeqCst);
+            self.system_pending.store(false, Ordering::SeqCst);
             (
                 std::mem::take(&mut lanes.user),
                 std::mem::take(&mut lanes.system),

@@ -7,7 +7,7 @@ mod common;
 use std::future::Future;
 use std::pin::{pin, Pin};
 
-use common::{item, recorders, Event, Msg, BLOCK};
+use common::{item, recorders, snapshot, Event, Msg, BLOCK};
 use shardik_actor::{AskError, TellError};
 
 /// Polls the shutdown once: that first poll tells every actor to stop (synchronously, on this
@@ -31,6 +31,11 @@ async fn shutdown_waits_for_busy_entities_and_refuses_new_ones() {
     let idle: Vec<String> = (0..IDLE).map(|i| format!("idle-{i}")).collect();
     for id in &idle {
         region.tell(id, item(0, 0));
+    }
+    // The idle entities have handled their message (the ask queues behind it), so shutdown
+    // finds them with empty mailboxes.
+    for id in &idle {
+        assert_eq!(snapshot(&region, id).await.handled, vec![(0, 0)]);
     }
     for id in &busy {
         region.tell(id, Msg::Block { gate: 1 });
