@@ -68,7 +68,7 @@ impl<R> ReplyTo<R> {
     /// false for a remote asker, whose state is not known here.
     pub fn is_closed(&self) -> bool {
         match &self.inner {
-            Inner::Local(tx) => tx.lock().as_ref().map_or(true, |tx| tx.is_closed()),
+            Inner::Local(tx) => tx.lock().as_ref().is_none_or(|tx| tx.is_closed()),
             Inner::Remote(_) => false,
         }
     }

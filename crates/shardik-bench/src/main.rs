@@ -56,7 +56,7 @@ pub struct SuiteOptions {
 impl SuiteOptions {
     /// True if a record called `bench` is selected by `--filter`.
     pub fn selects(&self, bench: &str) -> bool {
-        self.filter.as_deref().map_or(true, |f| bench.contains(f))
+        self.filter.as_deref().is_none_or(|f| bench.contains(f))
     }
 
     /// Measured rounds per benchmark.

@@ -220,7 +220,7 @@ impl Peer {
         let same_incarnation = st
             .remote
             .as_ref()
-            .map_or(true, |r| r.incarnation == remote.incarnation);
+            .is_none_or(|r| r.incarnation == remote.incarnation);
         let have_outbound = st.dialing > 0 || st.conn.as_ref().is_some_and(|c| c.info.outbound);
         if rank(me) < rank(remote) && same_incarnation && have_outbound {
             return Err(RejectReason::Duplicate);

@@ -1,0 +1,296 @@
+//! [`EventSourced`] behaviours and the [`EventSourcedEntity`] actor that runs them.
+
+use std::sync::Arc;
+
+use shardik_actor::{Actor, ActorError, Context};
+
+use crate::codec::{Payload, Versioned};
+use crate::effect::Effect;
+use crate::error::PersistenceError;
+use crate::persistence::Persistence;
+use crate::record::{AppendRequest, SnapshotRecord};
+use crate::settings::{OnPersistFailure, PersistSettings};
+
+/// An entity whose state is the fold of the events it persisted.
+///
+/// The command handler looks at the state and decides an [`Effect`]: events to persist and
+/// what to do afterwards (usually a reply). The runtime persists the events, applies them
+/// with [`apply`](EventSourced::apply), and only then runs the follow-ups. On start, state
+/// is the latest snapshot (or [`Default`]) with the later events applied in order.
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+/// use shardik_actor::ReplyTo;
+/// use shardik_persistence::{Effect, EventSourced, Versioned};
+///
+/// #[derive(Serialize, Deserialize)]
+/// enum CounterEvent { Added(u64) }
+/// impl Versioned for CounterEvent { const TYPE_NAME: &'static str = "counter.Event"; }
+///
+/// #[derive(Default, Serialize, Deserialize)]
+/// struct Count(u64);
+/// impl Versioned for Count { const TYPE_NAME: &'static str = "counter.State"; }
+///
+/// enum CounterCmd { Add(u64, ReplyTo<u64>), Get(ReplyTo<u64>) }
+///
+/// struct Counter;
+/// impl EventSourced for Counter {
+///     type Command = CounterCmd;
+///     type Event = CounterEvent;
+///     type State = Count;
+///     fn handle_command(&self, state: &Count, cmd: CounterCmd) -> Effect<CounterEvent, Count> {
+///         match cmd {
+///             CounterCmd::Add(n, reply) => Effect::persist(CounterEvent::Added(n)).then_reply(reply, |s: &Count| s.0),
+///             CounterCmd::Get(reply) => Effect::reply(reply, state.0),
+///         }
+///     }
+///     fn apply(state: &mut Count, event: &CounterEvent) {
+///         match event { CounterEvent::Added(n) => state.0 += n }
+///     }
+/// }
+/// ```
+pub trait EventSourced: Send + 'static {
+    /// The commands (the actor's message type).
+    type Command: Send + 'static;
+    /// The events; stored self-described, see [`Versioned`].
+    type Event: Versioned;
+    /// The state; its [`Default`] is the state before the first event. Snapshots store it.
+    type State: Versioned + Default;
+
+    /// Decides what a command does. Must not change anything itself: changes are events.
+    fn handle_command(
+        &self,
+        state: &Self::State,
+        command: Self::Command,
+    ) -> Effect<Self::Event, Self::State>;
+
+    /// Applies one event to the state; used both after persisting and during recovery, so
+    /// it must be deterministic and must not fail.
+    fn apply(state: &mut Self::State, event: &Self::Event);
+}
+
+/// The actor that runs an [`EventSourced`] behaviour against a [`Persistence`].
+///
+/// Spawn it as a plain actor with [`Persistence::event_sourced_props`] (so a restart makes a
+/// fresh instance that recovers) or as an entity type with [`Persistence::event_sourced`].
+pub struct EventSourcedEntity<B: EventSourced> {
+    behavior: B,
+    persistence_id: String,
+    persistence: Persistence,
+    settings: Arc<PersistSettings>,
+    state: B::State,
+    seq_nr: u64,
+    recovered: bool,
+}
+
+impl<B: EventSourced> EventSourcedEntity<B> {
+    /// An entity writing stream `persistence_id`; it recovers when it starts.
+    pub fn new(
+        behavior: B,
+        persistence_id: impl Into<String>,
+        persistence: Persistence,
+        settings: Arc<PersistSettings>,
+    ) -> Self {
+        EventSourcedEntity {
+            behavior,
+            persistence_id: persistence_id.into(),
+            persistence,
+            settings,
+            state: B::State::default(),
+            seq_nr: 0,
+            recovered: false,
+        }
+    }
+
+    /// The entity's stream.
+    pub fn persistence_id(&self) -> &str {
+        &self.persistence_id
+    }
+
+    async fn recover(&mut self) -> Result<(), PersistenceError> {
+        let pid = self.persistence_id.as_str();
+        let mut state = B::State::default();
+        let mut seq_nr = 0;
+        if let Some(snapshot) = self.persistence.snapshots().load_latest(pid).await? {
+            state = snapshot.payload.decode()?;
+            seq_nr = snapshot.seq_nr;
+        }
+        let snapshot_seq_nr = seq_nr;
+        let journal = self.persistence.journal();
+        loop {
+            let events = journal
+                .read(pid, seq_nr + 1, self.settings.recovery_batch)
+                .await?;
+            if events.is_empty() {
+                let highest = journal.highest_seq_nr(pid).await?;
+                if highest <= seq_nr {
+                    break;
+                }
+                // Written after our last read, or missing: read once more to tell.
+                if journal.read(pid, seq_nr + 1, 1).await?.is_empty() {
+                    return Err(gap(pid, seq_nr + 1, highest));
+                }
+                continue;
+            }
+            for event in events {
+                if event.seq_nr != seq_nr + 1 {
+                    return Err(gap(pid, seq_nr + 1, event.seq_nr));
+                }
+                B::apply(&mut state, &event.payload.decode()?);
+                seq_nr = event.seq_nr;
+            }
+        }
+        tracing::debug!(
+            persistence_id = pid,
+            snapshot_seq_nr,
+            seq_nr,
+            "event-sourced entity recovered"
+        );
+        self.state = state;
+        self.seq_nr = seq_nr;
+        self.recovered = true;
+        Ok(())
+    }
+
+    async fn maybe_snapshot(&mut self, before: u64) {
+        let Some(every) = self.settings.snapshot_every else {
+            return;
+        };
+        if before / every == self.seq_nr / every {
+            return;
+        }
+        let pid = self.persistence_id.as_str();
+        let saved = match Payload::encode(&self.state) {
+            Ok(payload) => {
+                let record = SnapshotRecord {
+                    persistence_id: pid.to_string(),
+                    seq_nr: self.seq_nr,
+                    payload,
+                };
+                self.persistence
+                    .snapshots()
+                    .save(record)
+                    .await
+                    .map_err(PersistenceError::from)
+            }
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = saved {
+            // The events are stored; a missing snapshot only makes recovery longer.
+            tracing::warn!(persistence_id = pid, error = %e, "snapshot failed");
+            return;
+        }
+        let floor = self.settings.retention_floor(self.seq_nr);
+        if self.settings.keep_snapshots.is_some() && floor > 0 {
+            let deleted = self
+                .persistence
+                .snapshots()
+                .delete_snapshots_up_to(pid, floor - 1);
+            if let Err(e) = deleted.await {
+                tracing::warn!(persistence_id = pid, error = %e, "deleting old snapshots failed");
+            }
+        }
+        if self.settings.delete_events {
+            if let Err(e) = self.persistence.journal().delete_up_to(pid, floor).await {
+                tracing::warn!(persistence_id = pid, error = %e, "deleting old events failed");
+            }
+        }
+    }
+
+    async fn persist(&mut self, events: Vec<B::Event>) -> Result<(), PersistenceError> {
+        let payloads = events
+            .iter()
+            .map(Payload::encode)
+            .collect::<Result<Vec<_>, _>>()?;
+        let request = AppendRequest {
+            persistence_id: self.persistence_id.clone(),
+            expected_seq_nr: self.seq_nr,
+            writer: self.persistence.incarnation(),
+            events: payloads,
+        };
+        let highest = self.persistence.journal().append(request).await?;
+        let before = self.seq_nr;
+        metrics::counter!("shardik_persistence_events_persisted_total")
+            .increment(events.len() as u64);
+        for event in &events {
+            B::apply(&mut self.state, event);
+        }
+        self.seq_nr = highest;
+        self.maybe_snapshot(before).await;
+        Ok(())
+    }
+}
+
+fn gap(pid: &str, wanted: u64, found: u64) -> PersistenceError {
+    PersistenceError::Recovery {
+        persistence_id: pid.to_string(),
+        reason: format!(
+            "event {wanted} is missing (next stored: {found}); was it deleted without a snapshot?"
+        ),
+    }
+}
+
+/// Reports a failed write and decides by policy; the command's follow-ups are dropped.
+pub(crate) fn persist_failed<A: Actor>(
+    pid: &str,
+    error: PersistenceError,
+    policy: OnPersistFailure,
+    ctx: &mut Context<A>,
+) -> Result<(), ActorError> {
+    metrics::counter!("shardik_persistence_persist_failures_total").increment(1);
+    tracing::error!(
+        persistence_id = pid,
+        error = %error,
+        ?policy,
+        "persist failed; the command is not acknowledged"
+    );
+    match policy {
+        OnPersistFailure::Restart => Err(Box::new(error)),
+        OnPersistFailure::Stop => {
+            ctx.stop();
+            Ok(())
+        }
+    }
+}
+
+impl<B: EventSourced> Actor for EventSourcedEntity<B> {
+    type Msg = B::Command;
+
+    async fn started(&mut self, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        self.recover().await?;
+        Ok(())
+    }
+
+    async fn handle(
+        &mut self,
+        command: B::Command,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), ActorError> {
+        if !self.recovered {
+            // A failed write left the position unknown (the supervisor resumed us).
+            self.recover().await?;
+        }
+        let Effect { events, after } = self.behavior.handle_command(&self.state, command);
+        if !events.is_empty() {
+            if let Err(e) = self.persist(events).await {
+                self.recovered = false;
+                return persist_failed(&self.persistence_id, e, self.settings.on_failure, ctx);
+            }
+        }
+        let stop = after.stop;
+        after.run(&self.state);
+        if stop {
+            ctx.stop();
+        }
+        Ok(())
+    }
+}
+
+impl<B: EventSourced> std::fmt::Debug for EventSourcedEntity<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventSourcedEntity")
+            .field("persistence_id", &self.persistence_id)
+            .field("seq_nr", &self.seq_nr)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,262 @@
+//! [`PostgresStore`]: journal, snapshots and durable state in PostgreSQL, for nodes on
+//! several machines.
+//!
+//! Writes go through one writer task that groups whatever is queued into one transaction;
+//! reads use a small connection pool. Stream positions are checked under a row lock
+//! (`SELECT … FOR UPDATE`), so writers on different nodes are serialized per stream.
+
+mod sql;
+mod writer;
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::NoTls;
+
+use crate::batch::{Counters, Op, Reply, WriterStats};
+use crate::codec::Payload;
+use crate::error::StoreError;
+use crate::record::{AppendRequest, PersistedEvent, SnapshotRecord, StateRecord, StateWrite};
+use crate::store::{Journal, SnapshotStore, StateStore, StoreFuture};
+use sql::Sql;
+
+/// Settings of a [`PostgresStore`].
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    /// The schema holding the tables, created if missing (default `"shardik"`): a plain
+    /// lower-case identifier.
+    pub schema: String,
+    /// Connections in the pool (default 8; the writer uses one per batch).
+    pub pool_size: usize,
+    /// Most writes grouped into one transaction (default 1024).
+    pub max_batch: usize,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            schema: "shardik".into(),
+            pool_size: 8,
+            max_batch: 1024,
+        }
+    }
+}
+
+/// A [`Journal`], [`SnapshotStore`] and [`StateStore`] in PostgreSQL (no TLS).
+pub struct PostgresStore {
+    pool: Pool,
+    sql: Arc<Sql>,
+    writes: mpsc::UnboundedSender<Op>,
+    stats: Arc<Counters>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore").finish_non_exhaustive()
+    }
+}
+
+pub(super) fn backend(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Backend(format!("postgres: {e}"))
+}
+
+fn pool_error(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("postgres pool: {e}"))
+}
+
+pub(super) fn to_i64(v: u64) -> i64 {
+    v as i64
+}
+
+pub(super) fn to_u64(v: i64) -> u64 {
+    v as u64
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://user@host:port/db`) with default options, creating the
+    /// schema and tables if needed. Must run inside a tokio runtime: the writer is a task.
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+        Self::connect_with(url, PostgresOptions::default()).await
+    }
+
+    /// Connects to `url` with `options`.
+    pub async fn connect_with(
+        url: &str,
+        options: PostgresOptions,
+    ) -> Result<PostgresStore, StoreError> {
+        if !sql::valid_identifier(&options.schema) {
+            return Err(StoreError::Backend(format!(
+                "invalid schema name {:?}: use lower-case letters, digits and _",
+                options.schema
+            )));
+        }
+        let config = tokio_postgres::Config::from_str(url).map_err(backend)?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(2))
+            .build()
+            .map_err(pool_error)?;
+        let sql = Arc::new(Sql::new(&options.schema));
+        pool.get()
+            .await
+            .map_err(pool_error)?
+            .batch_execute(&sql.ddl)
+            .await
+            .map_err(backend)?;
+        let (writes, ops) = mpsc::unbounded_channel();
+        let stats = Arc::new(Counters::default());
+        tokio::spawn(writer::run(
+            pool.clone(),
+            sql.clone(),
+            ops,
+            options.max_batch.max(1),
+            stats.clone(),
+        ));
+        Ok(PostgresStore {
+            pool,
+            sql,
+            writes,
+            stats,
+        })
+    }
+
+    /// How many writes were done in how many transactions so far.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.stats.stats()
+    }
+
+    async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.writes.send(make(tx)).map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn query(
+        &self,
+        statement: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let stmt = client.prepare_cached(statement).await.map_err(backend)?;
+        client.query(&stmt, params).await.map_err(backend)
+    }
+}
+
+fn payload(row: &tokio_postgres::Row, at: usize) -> Payload {
+    Payload {
+        type_name: row.get(at),
+        version: u32::try_from(row.get::<_, i64>(at + 1)).unwrap_or(u32::MAX),
+        bytes: row.get(at + 2),
+    }
+}
+
+impl Journal for PostgresStore {
+    fn append(&self, request: AppendRequest) -> StoreFuture<'_, u64> {
+        Box::pin(self.write(|tx| Op::Append(request, tx)))
+    }
+
+    fn read<'a>(
+        &'a self,
+        persistence_id: &'a str,
+        from_seq_nr: u64,
+        max: usize,
+    ) -> StoreFuture<'a, Vec<PersistedEvent>> {
+        Box::pin(async move {
+            let max = i64::try_from(max).unwrap_or(i64::MAX);
+            let rows = self
+                .query(
+                    &self.sql.read_events,
+                    &[&persistence_id, &to_i64(from_seq_nr), &max],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| PersistedEvent {
+                    persistence_id: persistence_id.to_string(),
+                    seq_nr: to_u64(r.get(0)),
+                    writer: to_u64(r.get(1)),
+                    payload: payload(r, 2),
+                })
+                .collect())
+        })
+    }
+
+    fn highest_seq_nr<'a>(&'a self, persistence_id: &'a str) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let rows = self.query(&self.sql.highest, &[&persistence_id]).await?;
+            Ok(rows.first().map_or(0, |r| to_u64(r.get(0))))
+        })
+    }
+
+    fn delete_up_to<'a>(&'a self, persistence_id: &'a str, to_seq_nr: u64) -> StoreFuture<'a, ()> {
+        let pid = persistence_id.to_string();
+        Box::pin(self.write(move |tx| Op::DeleteEvents(pid, to_seq_nr, tx)))
+    }
+}
+
+impl SnapshotStore for PostgresStore {
+    fn save(&self, snapshot: SnapshotRecord) -> StoreFuture<'_, ()> {
+        Box::pin(self.write(|tx| Op::SaveSnapshot(snapshot, tx)))
+    }
+
+    fn load_at_most<'a>(
+        &'a self,
+        persistence_id: &'a str,
+        max_seq_nr: u64,
+    ) -> StoreFuture<'a, Option<SnapshotRecord>> {
+        Box::pin(async move {
+            let max = i64::try_from(max_seq_nr).unwrap_or(i64::MAX);
+            let rows = self
+                .query(&self.sql.load_snapshot, &[&persistence_id, &max])
+                .await?;
+            Ok(rows.first().map(|r| SnapshotRecord {
+                persistence_id: persistence_id.to_string(),
+                seq_nr: to_u64(r.get(0)),
+                payload: payload(r, 1),
+            }))
+        })
+    }
+
+    fn delete_snapshots_up_to<'a>(
+        &'a self,
+        persistence_id: &'a str,
+        to_seq_nr: u64,
+    ) -> StoreFuture<'a, ()> {
+        let pid = persistence_id.to_string();
+        Box::pin(self.write(move |tx| Op::DeleteSnapshots(pid, to_seq_nr, tx)))
+    }
+}
+
+impl StateStore for PostgresStore {
+    fn upsert(&self, write: StateWrite) -> StoreFuture<'_, u64> {
+        Box::pin(self.write(|tx| Op::Upsert(write, tx)))
+    }
+
+    fn get<'a>(&'a self, persistence_id: &'a str) -> StoreFuture<'a, Option<StateRecord>> {
+        Box::pin(async move {
+            let rows = self.query(&self.sql.state_get, &[&persistence_id]).await?;
+            Ok(rows.first().map(|r| StateRecord {
+                persistence_id: persistence_id.to_string(),
+                revision: to_u64(r.get(0)),
+                payload: payload(r, 1),
+            }))
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        persistence_id: &'a str,
+        expected_revision: u64,
+    ) -> StoreFuture<'a, ()> {
+        let pid = persistence_id.to_string();
+        Box::pin(self.write(move |tx| Op::DeleteState(pid, expected_revision, tx)))
+    }
+}

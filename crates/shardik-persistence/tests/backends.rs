@@ -1,0 +1,127 @@
+//! The store suite (`suite/mod.rs`) against every backend.
+//!
+//! PostgreSQL runs when `SHARDIK_PG_URL` names a server (see
+//! `scripts/start-test-postgres.sh`); otherwise its tests print that they were skipped, and
+//! with `SHARDIK_REQUIRE_PG=1` they fail instead (for CI).
+
+mod common;
+mod suite;
+
+use std::sync::Arc;
+
+use shardik_persistence::{InMemoryStore, PostgresOptions, PostgresStore, SqliteStore};
+
+/// Keeps a backend's resources (a temporary directory) alive for one test.
+type Guard = Box<dyn std::any::Any + Send>;
+
+async fn memory() -> Option<(Arc<InMemoryStore>, Guard)> {
+    Some((Arc::new(InMemoryStore::new()), Box::new(())))
+}
+
+async fn sqlite() -> Option<(Arc<SqliteStore>, Guard)> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("suite.db")).expect("open SQLite");
+    Some((Arc::new(store), Box::new(dir)))
+}
+
+/// The URL of the PostgreSQL server to test against, or `None` (said once on stderr).
+fn pg_url() -> Option<String> {
+    let Ok(url) = std::env::var("SHARDIK_PG_URL") else {
+        assert!(
+            std::env::var("SHARDIK_REQUIRE_PG").is_err(),
+            "SHARDIK_REQUIRE_PG is set but SHARDIK_PG_URL is not: PostgreSQL tests cannot run"
+        );
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            // Straight to stderr: libtest captures only the print macros.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** PostgreSQL tests SKIPPED: SHARDIK_PG_URL is not set \
+                 (crates/shardik-persistence/scripts/start-test-postgres.sh starts a server) ***\n"
+            );
+        });
+        return None;
+    };
+    Some(url)
+}
+
+/// A fresh schema name per call, so tests sharing one server do not see each other.
+fn pg_schema() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("t_{}_{nanos}_{n}", std::process::id())
+}
+
+async fn pg_store(url: &str, schema: String) -> Arc<PostgresStore> {
+    let options = PostgresOptions {
+        schema,
+        pool_size: 4,
+        ..PostgresOptions::default()
+    };
+    let store = PostgresStore::connect_with(url, options)
+        .await
+        .expect("connect to SHARDIK_PG_URL");
+    Arc::new(store)
+}
+
+/// A store in a fresh schema of the server at `SHARDIK_PG_URL`, or `None` without one.
+async fn postgres() -> Option<(Arc<PostgresStore>, Guard)> {
+    let url = pg_url()?;
+    Some((pg_store(&url, pg_schema()).await, Box::new(())))
+}
+store_suite!(memory_backend, crate::memory);
+store_suite!(sqlite_backend, crate::sqlite);
+store_suite!(postgres_backend, crate::postgres);
+
+/// SQLite groups concurrent writes into shared transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_groups_concurrent_writes_into_few_transactions() {
+    let (store, _dir) = sqlite().await.unwrap();
+    suite::batching_many_concurrent_writers(store.clone()).await;
+    let stats = store.writer_stats();
+    assert_eq!(stats.writes, 100 * 20);
+    assert!(
+        stats.transactions < stats.writes / 2,
+        "expected batching, got {stats:?}"
+    );
+}
+
+/// PostgreSQL groups concurrent writes into shared transactions too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_groups_concurrent_writes_into_few_transactions() {
+    let Some((store, _guard)) = postgres().await else {
+        return;
+    };
+    suite::batching_many_concurrent_writers(store.clone()).await;
+    let stats = store.writer_stats();
+    assert_eq!(stats.writes, 100 * 20);
+    assert!(
+        stats.transactions < stats.writes / 2,
+        "expected batching, got {stats:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_two_stores_one_file_race_on_one_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    let a = Arc::new(SqliteStore::open(&path).unwrap());
+    let b = Arc::new(SqliteStore::open(&path).unwrap());
+    suite::two_stores_one_stream(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_nodes_one_schema_race_on_one_stream() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let first = pg_store(&url, schema.clone()).await;
+    let second = pg_store(&url, schema).await;
+    suite::two_stores_one_stream(first, second).await;
+}

@@ -1,0 +1,120 @@
+//! Entities and helpers shared by the scenario tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shardik_actor::ReplyTo;
+use shardik_persistence::{
+    DurableState, Effect, EventSourced, Persistence, StateEffect, Versioned,
+};
+
+pub const T: Duration = Duration::from_secs(5);
+
+/// Bank account commands.
+#[derive(Serialize, Deserialize)]
+pub enum AccountCmd {
+    Deposit(u64, ReplyTo<u64>),
+    Withdraw(u64, ReplyTo<Result<u64, String>>),
+    Balance(ReplyTo<u64>),
+    /// Replies with (balance, number of events applied) to check recovery.
+    Inspect(ReplyTo<(u64, u64)>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AccountEvent {
+    Deposited { amount: u64 },
+    Withdrawn { amount: u64 },
+}
+
+impl Versioned for AccountEvent {
+    const TYPE_NAME: &'static str = "test.AccountEvent";
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Account {
+    pub balance: u64,
+    pub applied: u64,
+}
+
+impl Versioned for Account {
+    const TYPE_NAME: &'static str = "test.Account";
+}
+
+pub struct Bank;
+
+impl EventSourced for Bank {
+    type Command = AccountCmd;
+    type Event = AccountEvent;
+    type State = Account;
+
+    fn handle_command(&self, state: &Account, cmd: AccountCmd) -> Effect<AccountEvent, Account> {
+        match cmd {
+            AccountCmd::Deposit(amount, reply) => {
+                Effect::persist(AccountEvent::Deposited { amount })
+                    .then_reply(reply, |s: &Account| s.balance)
+            }
+            AccountCmd::Withdraw(amount, reply) if amount > state.balance => {
+                Effect::reply(reply, Err(format!("balance {} too low", state.balance)))
+            }
+            AccountCmd::Withdraw(amount, reply) => {
+                Effect::persist(AccountEvent::Withdrawn { amount })
+                    .then_reply(reply, |s: &Account| Ok(s.balance))
+            }
+            AccountCmd::Balance(reply) => Effect::reply(reply, state.balance),
+            AccountCmd::Inspect(reply) => Effect::reply(reply, (state.balance, state.applied)),
+        }
+    }
+
+    fn apply(state: &mut Account, event: &AccountEvent) {
+        state.applied += 1;
+        match event {
+            AccountEvent::Deposited { amount } => state.balance += amount,
+            AccountEvent::Withdrawn { amount } => state.balance -= amount,
+        }
+    }
+}
+
+/// A durable-state counter.
+#[derive(Serialize, Deserialize)]
+pub enum CounterCmd {
+    Add(u64, ReplyTo<u64>),
+    Get(ReplyTo<u64>),
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Count {
+    pub value: u64,
+}
+
+impl Versioned for Count {
+    const TYPE_NAME: &'static str = "test.Count";
+}
+
+pub struct Counter;
+
+impl DurableState for Counter {
+    type Command = CounterCmd;
+    type State = Count;
+
+    fn handle_command(&self, state: &Count, cmd: CounterCmd) -> StateEffect<Count> {
+        match cmd {
+            CounterCmd::Add(n, reply) => StateEffect::persist(Count {
+                value: state.value + n,
+            })
+            .then_reply(reply, |s: &Count| s.value),
+            CounterCmd::Get(reply) => StateEffect::reply(reply, state.value),
+        }
+    }
+}
+
+/// Persistence over `store` with a fixed incarnation.
+pub fn persistence<S>(store: Arc<S>) -> Persistence
+where
+    S: shardik_persistence::Journal
+        + shardik_persistence::SnapshotStore
+        + shardik_persistence::StateStore,
+{
+    Persistence::new(store).with_incarnation(1)
+}

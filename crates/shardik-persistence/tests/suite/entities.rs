@@ -1,0 +1,152 @@
+//! Entity-level cases: recovery, snapshots and retention, conflicts, durable state.
+
+use std::sync::Arc;
+
+use shardik_actor::{ActorSystem, AskError};
+use shardik_persistence::{persistence_id, PersistSettings};
+
+use super::{amounts, Store};
+use crate::common::{persistence, AccountCmd, Bank, Counter, CounterCmd, T};
+
+/// Spawns a plain event-sourced bank account, runs `f` on it, then stops it and waits.
+async fn with_account<S: Store, F, Fut>(store: &Arc<S>, pid: &str, settings: PersistSettings, f: F)
+where
+    F: FnOnce(shardik_actor::ActorRef<AccountCmd>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let system = ActorSystem::new("suite");
+    let props = persistence(store.clone()).event_sourced_props(pid, settings, || Bank);
+    let account = system.spawn_props(props);
+    f(account.clone()).await;
+    system.shutdown().await;
+}
+
+pub async fn entity_recovers_from_events<S: Store>(store: Arc<S>) {
+    with_account(
+        &store,
+        "acc-1",
+        PersistSettings::default(),
+        |a| async move {
+            for n in 1..=5 {
+                a.ask(|r| AccountCmd::Deposit(n, r), T).await.unwrap();
+            }
+            assert_eq!(
+                a.ask(|r| AccountCmd::Withdraw(100, r), T).await,
+                Ok(Err("balance 15 too low".into()))
+            );
+        },
+    )
+    .await;
+    assert_eq!(store.highest_seq_nr("acc-1").await, Ok(5));
+    assert_eq!(store.load_latest("acc-1").await, Ok(None));
+    with_account(
+        &store,
+        "acc-1",
+        PersistSettings::default(),
+        |a| async move {
+            assert_eq!(a.ask(AccountCmd::Inspect, T).await, Ok((15, 5)));
+            assert_eq!(a.ask(|r| AccountCmd::Withdraw(5, r), T).await, Ok(Ok(10)));
+        },
+    )
+    .await;
+    assert_eq!(store.highest_seq_nr("acc-1").await, Ok(6));
+}
+
+pub async fn entity_recovers_from_snapshot_and_events<S: Store>(store: Arc<S>) {
+    let settings = PersistSettings::default().snapshot_every(3);
+    with_account(&store, "acc-2", settings.clone(), |a| async move {
+        for _ in 0..7 {
+            a.ask(|r| AccountCmd::Deposit(10, r), T).await.unwrap();
+        }
+    })
+    .await;
+    let snapshot = store.load_latest("acc-2").await.unwrap().unwrap();
+    assert_eq!(snapshot.seq_nr, 6);
+    // Remove the events the snapshot covers: recovery can only succeed from the snapshot.
+    store.delete_up_to("acc-2", 6).await.unwrap();
+    with_account(&store, "acc-2", settings, |a| async move {
+        assert_eq!(a.ask(AccountCmd::Inspect, T).await, Ok((70, 7)));
+    })
+    .await;
+}
+
+pub async fn entity_snapshot_retention<S: Store>(store: Arc<S>) {
+    let settings = PersistSettings::default()
+        .snapshot_every(2)
+        .keep_snapshots(2)
+        .delete_events_on_snapshot();
+    with_account(&store, "acc-3", settings.clone(), |a| async move {
+        for _ in 0..10 {
+            a.ask(|r| AccountCmd::Deposit(1, r), T).await.unwrap();
+        }
+    })
+    .await;
+    // Snapshots at 8 and 10 are kept; events up to 8 (the oldest kept snapshot) are gone.
+    assert_eq!(amounts(&*store, "acc-3", 1).await, [(9, 1), (10, 1)]);
+    assert_eq!(store.highest_seq_nr("acc-3").await, Ok(10));
+    assert_eq!(
+        store.load_latest("acc-3").await.unwrap().unwrap().seq_nr,
+        10
+    );
+    assert_eq!(
+        store
+            .load_at_most("acc-3", 9)
+            .await
+            .unwrap()
+            .unwrap()
+            .seq_nr,
+        8
+    );
+    assert_eq!(
+        store.load_at_most("acc-3", 7).await,
+        Ok(None),
+        "snapshots before 8 deleted"
+    );
+    with_account(&store, "acc-3", settings, |a| async move {
+        assert_eq!(a.ask(AccountCmd::Inspect, T).await, Ok((10, 10)));
+    })
+    .await;
+}
+
+pub async fn entity_conflict_is_not_acknowledged<S: Store>(store: Arc<S>) {
+    let system = ActorSystem::new("suite");
+    let pid = persistence_id("account", "shared");
+    let p = persistence(store.clone());
+    let first =
+        system.spawn_props(p.event_sourced_props(&pid, PersistSettings::default(), || Bank));
+    let second =
+        system.spawn_props(p.event_sourced_props(&pid, PersistSettings::default(), || Bank));
+    // Both have recovered the empty stream.
+    assert_eq!(first.ask(AccountCmd::Balance, T).await, Ok(0));
+    assert_eq!(second.ask(AccountCmd::Balance, T).await, Ok(0));
+    assert_eq!(first.ask(|r| AccountCmd::Deposit(10, r), T).await, Ok(10));
+    // The second writer's position is stale: its write is refused and never acknowledged.
+    assert_eq!(
+        second.ask(|r| AccountCmd::Deposit(5, r), T).await,
+        Err(AskError::NoReply)
+    );
+    assert_eq!(amounts(&*store, &pid, 1).await, [(1, 10)]);
+    // It restarted and recovered: it now sees the first writer's deposit and writes after it.
+    assert_eq!(second.ask(|r| AccountCmd::Deposit(5, r), T).await, Ok(15));
+    assert_eq!(amounts(&*store, &pid, 1).await, [(1, 10), (2, 5)]);
+    system.shutdown().await;
+}
+
+pub async fn durable_state_restored<S: Store>(store: Arc<S>) {
+    for round in 1..=2u64 {
+        let system = ActorSystem::new("suite");
+        let props = persistence(store.clone()).durable_state_props(
+            "counter-1",
+            PersistSettings::default(),
+            || Counter,
+        );
+        let counter = system.spawn_props(props);
+        assert_eq!(counter.ask(CounterCmd::Get, T).await, Ok((round - 1) * 6));
+        for n in 1..=3 {
+            counter.ask(|r| CounterCmd::Add(n, r), T).await.unwrap();
+        }
+        assert_eq!(counter.ask(CounterCmd::Get, T).await, Ok(round * 6));
+        system.shutdown().await;
+    }
+    assert_eq!(store.get("counter-1").await.unwrap().unwrap().revision, 6);
+}

@@ -1,0 +1,212 @@
+//! Store-level cases: positions, conflicts, fencing, deletion, snapshots, durable state,
+//! batching.
+
+use std::sync::Arc;
+
+use shardik_persistence::{Payload, SnapshotRecord, StateWrite, StoreError, Versioned};
+
+use super::{amounts, append, Store};
+use crate::common::AccountEvent;
+
+pub async fn append_and_read_in_order<S: Store>(store: Arc<S>) {
+    assert_eq!(store.append(append("a", 0, 1, &[10, 20])).await, Ok(2));
+    assert_eq!(store.append(append("a", 2, 1, &[30])).await, Ok(3));
+    assert_eq!(store.append(append("b", 0, 1, &[99])).await, Ok(1));
+    assert_eq!(amounts(&*store, "a", 1).await, [(1, 10), (2, 20), (3, 30)]);
+    let page = store.read("a", 2, 1).await.unwrap();
+    assert_eq!(page.len(), 1);
+    assert_eq!((page[0].seq_nr, page[0].writer), (2, 1));
+    assert_eq!(page[0].payload.type_name, AccountEvent::TYPE_NAME);
+    assert_eq!(store.highest_seq_nr("a").await, Ok(3));
+    assert_eq!(store.highest_seq_nr("nobody").await, Ok(0));
+    assert!(store.read("nobody", 1, 10).await.unwrap().is_empty());
+}
+
+pub async fn append_conflict_writes_nothing<S: Store>(store: Arc<S>) {
+    store.append(append("a", 0, 1, &[1, 2])).await.unwrap();
+    let err = store.append(append("a", 1, 1, &[3, 4])).await.unwrap_err();
+    assert_eq!(
+        err,
+        StoreError::Conflict {
+            persistence_id: "a".into(),
+            expected: 1,
+            actual: 2
+        }
+    );
+    assert_eq!(amounts(&*store, "a", 1).await, [(1, 1), (2, 2)]);
+    assert_eq!(store.highest_seq_nr("a").await, Ok(2));
+}
+
+pub async fn two_writers_one_id<S: Store>(store: Arc<S>) {
+    // Both writers saw an empty stream and write at once: exactly one wins.
+    let (a, b) = tokio::join!(
+        store.append(append("x", 0, 5, &[1])),
+        store.append(append("x", 0, 5, &[2]))
+    );
+    let (won, lost) = match (a, b) {
+        (Ok(1), Err(e)) => (1, e),
+        (Err(e), Ok(1)) => (2, e),
+        other => panic!("exactly one append must win: {other:?}"),
+    };
+    assert!(matches!(
+        lost,
+        StoreError::Conflict {
+            expected: 0,
+            actual: 1,
+            ..
+        }
+    ));
+    assert_eq!(amounts(&*store, "x", 1).await, [(1, won)]);
+    // A newer incarnation writes; the older one is fenced out even at the right position.
+    store.append(append("x", 1, 6, &[3])).await.unwrap();
+    let fenced = store.append(append("x", 2, 5, &[4])).await.unwrap_err();
+    assert_eq!(
+        fenced,
+        StoreError::Fenced {
+            persistence_id: "x".into(),
+            writer: 5,
+            current: 6
+        }
+    );
+    assert_eq!(store.highest_seq_nr("x").await, Ok(2));
+}
+
+pub async fn delete_keeps_the_position<S: Store>(store: Arc<S>) {
+    store
+        .append(append("d", 0, 1, &[1, 2, 3, 4, 5]))
+        .await
+        .unwrap();
+    store.delete_up_to("d", 3).await.unwrap();
+    assert_eq!(amounts(&*store, "d", 1).await, [(4, 4), (5, 5)]);
+    assert_eq!(store.highest_seq_nr("d").await, Ok(5));
+    store.delete_up_to("d", 5).await.unwrap();
+    assert!(amounts(&*store, "d", 1).await.is_empty());
+    assert_eq!(store.highest_seq_nr("d").await, Ok(5));
+    assert!(matches!(
+        store.append(append("d", 0, 1, &[9])).await,
+        Err(StoreError::Conflict { actual: 5, .. })
+    ));
+    assert_eq!(store.append(append("d", 5, 1, &[6])).await, Ok(6));
+}
+
+pub async fn snapshots_latest_and_deletion<S: Store>(store: Arc<S>) {
+    assert_eq!(store.load_latest("s").await, Ok(None));
+    for seq_nr in [10, 30, 20] {
+        let payload = Payload::encode_as("snap", 1, &seq_nr).unwrap();
+        store
+            .save(SnapshotRecord {
+                persistence_id: "s".into(),
+                seq_nr,
+                payload,
+            })
+            .await
+            .unwrap();
+    }
+    let latest = store.load_latest("s").await.unwrap().unwrap();
+    assert_eq!(latest.seq_nr, 30);
+    assert_eq!(
+        latest.payload,
+        Payload::encode_as("snap", 1, &30u64).unwrap()
+    );
+    assert_eq!(
+        store.load_at_most("s", 25).await.unwrap().unwrap().seq_nr,
+        20
+    );
+    assert_eq!(
+        store.load_at_most("s", 30).await.unwrap().unwrap().seq_nr,
+        30
+    );
+    assert_eq!(store.load_at_most("s", 9).await, Ok(None));
+    store.delete_snapshots_up_to("s", 29).await.unwrap();
+    assert_eq!(store.load_latest("s").await.unwrap().unwrap().seq_nr, 30);
+    assert_eq!(store.load_at_most("s", 29).await, Ok(None));
+    store.delete_snapshots_up_to("s", 30).await.unwrap();
+    assert_eq!(store.load_latest("s").await, Ok(None));
+}
+
+pub async fn state_store_revisions<S: Store>(store: Arc<S>) {
+    let write = |expected, writer, v: u64| StateWrite {
+        persistence_id: "st".into(),
+        expected_revision: expected,
+        writer,
+        payload: Payload::encode_as("n", 1, &v).unwrap(),
+    };
+    assert_eq!(store.get("st").await, Ok(None));
+    assert_eq!(store.upsert(write(0, 1, 10)).await, Ok(1));
+    assert!(matches!(
+        store.upsert(write(0, 1, 11)).await,
+        Err(StoreError::Conflict {
+            expected: 0,
+            actual: 1,
+            ..
+        })
+    ));
+    assert_eq!(store.upsert(write(1, 2, 12)).await, Ok(2));
+    assert!(matches!(
+        store.upsert(write(2, 1, 13)).await,
+        Err(StoreError::Fenced {
+            writer: 1,
+            current: 2,
+            ..
+        })
+    ));
+    let got = store.get("st").await.unwrap().unwrap();
+    assert_eq!(
+        (got.revision, got.payload.bytes.clone()),
+        (2, write(0, 0, 12).payload.bytes)
+    );
+    assert!(matches!(
+        store.delete("st", 1).await,
+        Err(StoreError::Conflict { actual: 2, .. })
+    ));
+    store.delete("st", 2).await.unwrap();
+    assert_eq!(store.get("st").await, Ok(None));
+}
+
+pub async fn batching_many_concurrent_writers<S: Store>(store: Arc<S>) {
+    const IDS: u64 = 100;
+    const PER_ID: u64 = 20;
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in 0..IDS {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let pid = format!("w-{id}");
+            for n in 0..PER_ID {
+                let seq = store
+                    .append(append(&pid, n, 1, &[id * 1000 + n]))
+                    .await
+                    .unwrap();
+                assert_eq!(seq, n + 1);
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    for id in 0..IDS {
+        let pid = format!("w-{id}");
+        let expected: Vec<_> = (0..PER_ID).map(|n| (n + 1, id * 1000 + n)).collect();
+        assert_eq!(amounts(&*store, &pid, 1).await, expected, "stream {pid}");
+        assert_eq!(store.highest_seq_nr(&pid).await, Ok(PER_ID));
+    }
+}
+
+/// Two stores on the same data (two processes on one SQLite file, two nodes on one
+/// PostgreSQL schema) race on one stream many times: each round exactly one append wins.
+pub async fn two_stores_one_stream<A: Store, B: Store>(a: Arc<A>, b: Arc<B>) {
+    for round in 0..20u64 {
+        let pid = format!("race-{round}");
+        let (ra, rb) = tokio::join!(
+            a.append(append(&pid, 0, 1, &[1])),
+            b.append(append(&pid, 0, 1, &[2]))
+        );
+        match (&ra, &rb) {
+            (Ok(1), Err(StoreError::Conflict { actual: 1, .. }))
+            | (Err(StoreError::Conflict { actual: 1, .. }), Ok(1)) => {}
+            other => panic!("round {round}: exactly one append must win: {other:?}"),
+        }
+        let winner = if ra.is_ok() { 1 } else { 2 };
+        assert_eq!(amounts(&*a, &pid, 1).await, [(1, winner)]);
+        assert_eq!(amounts(&*b, &pid, 1).await, [(1, winner)]);
+    }
+}
