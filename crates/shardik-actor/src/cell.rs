@@ -12,8 +12,9 @@
 //! when an actor receives a message every few microseconds (ping-pong, request/response). A
 //! *hot* actor (its previous turn ended less than [`LINGER`] ago) therefore keeps its task:
 //! it registers its waker, stores `PARKED`, looks at the mailbox once more and sleeps until a
-//! sender moves `PARKED -> HANDOFF` and wakes it (no spawn), or until [`LINGER`] passes
-//! without work, when it takes the normal idle path above. Only the parked task leaves
+//! sender moves `PARKED -> HANDOFF` and wakes it (no spawn), or until a [`LINGER`] window
+//! passes; it lingers window by window while work keeps coming, and after a window without
+//! work it takes the normal idle path above. Only the parked task leaves
 //! `HANDOFF` and only it moves `PARKED` anywhere but `HANDOFF`, so there is never more than
 //! one task that owns the run state. Actors that receive rarely never linger, so an idle
 //! actor still costs no task.
@@ -647,6 +648,8 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
     let mut ctx = Context::new(cell.clone());
     let mut batch: VecDeque<Envelope<A::Msg>> = VecDeque::new();
     let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    // `Some` while this task lingers: whether work came during the current window.
+    let mut linger_worked: Option<bool> = None;
     if !st.started {
         st.started = true;
         if let Err(reason) = cold(cell.start_incarnation(&mut st, &mut ctx)).await {
@@ -734,23 +737,35 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
             cold(cell.finish(st, &mut ctx, batch, StopReason::Stopped)).await;
             return;
         }
-        // Mailbox empty. A hot actor keeps its task for a while (see module docs).
-        let now = tokio::time::Instant::now();
-        let hot = st
-            .last_turn_end
-            .is_some_and(|end| now.saturating_duration_since(end) < LINGER);
-        st.last_turn_end = Some(now);
-        if hot {
-            let sleep = match &mut linger {
-                Some(sleep) => {
-                    sleep.as_mut().reset(now + LINGER);
-                    sleep
+        // Mailbox empty. A hot actor keeps its task for a while (see module docs). While it
+        // lingers, the clock is read once per window, not once per turn: the window is armed
+        // when lingering starts, and when it passes the task lingers on for another window
+        // only if work came during this one.
+        if linger_worked.is_none() {
+            let now = tokio::time::Instant::now();
+            let hot = st
+                .last_turn_end
+                .is_some_and(|end| now.saturating_duration_since(end) < LINGER);
+            st.last_turn_end = Some(now);
+            if hot {
+                match &mut linger {
+                    Some(sleep) => sleep.as_mut().reset(now + LINGER),
+                    None => linger = Some(Box::pin(tokio::time::sleep_until(now + LINGER))),
                 }
-                None => linger.insert(Box::pin(tokio::time::sleep_until(now + LINGER))),
-            };
+                linger_worked = Some(false);
+            }
+        }
+        if let (Some(worked), Some(sleep)) = (linger_worked.as_mut(), linger.as_mut()) {
             if park(&cell, sleep.as_mut()).await {
+                *worked = true;
                 continue;
             }
+            if *worked {
+                *worked = false;
+                sleep.as_mut().reset(tokio::time::Instant::now() + LINGER);
+                continue;
+            }
+            linger_worked = None;
             st.last_turn_end = Some(tokio::time::Instant::now());
         }
         // Park the state and go idle unless work arrived meanwhile (see module docs). The
