@@ -52,7 +52,7 @@
 //! - [`frame`] and [`codec`]: the frames and their byte layout, a decoder that never panics.
 //! - [`RemoteConfig`], [`Remote`]: start a node, register actors, look remote ones up.
 //! - [`RemoteRef`]: `tell` and `ask` to a remote actor, like [`shardik_actor::ActorRef`].
-//! - [`FaultInjector`]: cut and heal links between named nodes in tests.
+//! - [`FaultInjector`]: cut, delay and heal links between named nodes in tests.
 //!
 //! See `docs/remoting.md` for what is secure and what is not, the overflow policy and limits.
 #![warn(missing_docs)]

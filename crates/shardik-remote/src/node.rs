@@ -2,7 +2,7 @@
 //! themselves: accepting, dialing with backoff, reading and writing connections.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use shardik_actor::wire::with_wire_context;
 use shardik_actor::ActorSystem;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{broadcast, Semaphore};
+use tokio::sync::{broadcast, mpsc, Semaphore};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -675,6 +675,7 @@ async fn run_connection<R, W>(
         cancel.clone(),
     ));
     let idle = node.cfg.idle_timeout;
+    let mut delayer: Option<Delayer> = None;
     loop {
         let next = tokio::select! {
             biased;
@@ -708,6 +709,27 @@ async fn run_connection<R, W>(
             }
             Ok(Some(Ok(body))) => match Frame::decode_body(body) {
                 Ok(frame) => {
+                    // Fault injection: a delayed link, or frames still held from one.
+                    let delay = node
+                        .cfg
+                        .faults
+                        .as_ref()
+                        .and_then(|f| f.delay_of(&remote.node_id, &node.local.me.node_id));
+                    let held = delayer
+                        .as_ref()
+                        .is_some_and(|d| d.pending.load(Ordering::Acquire) > 0);
+                    if delay.is_some() || held {
+                        let d = delayer.get_or_insert_with(|| {
+                            Delayer::start(&node, &peer, &remote.node_id, &cancel)
+                        });
+                        d.pending.fetch_add(1, Ordering::AcqRel);
+                        if delay.is_some() {
+                            node.counters.fault_delayed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let due = tokio::time::Instant::now() + delay.unwrap_or_default();
+                        let _ = d.tx.send((due, frame));
+                        continue;
+                    }
                     if !node.handle_frame(&peer, &remote.node_id, frame) {
                         break;
                     }
@@ -729,6 +751,55 @@ async fn run_connection<R, W>(
         node.event(RemoteEvent::Disconnected {
             addr: peer.addr.to_string(),
         });
+    }
+}
+
+/// Holds the frames of a delayed link (fault injection) until they are due, and then handles
+/// them in arrival order, off the reader task so that reading goes on.
+struct Delayer {
+    tx: mpsc::UnboundedSender<(tokio::time::Instant, Frame)>,
+    /// Frames sent to the delayer and not handled yet.
+    pending: Arc<AtomicUsize>,
+}
+
+impl Delayer {
+    fn start(
+        node: &Arc<Node>,
+        peer: &Arc<Peer>,
+        remote_id: &str,
+        cancel: &CancellationToken,
+    ) -> Delayer {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(tokio::time::Instant, Frame)>();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let (node2, peer, remote_id, cancel) = (
+            node.clone(),
+            peer.clone(),
+            remote_id.to_string(),
+            cancel.clone(),
+        );
+        let left = pending.clone();
+        node.tasks.spawn(async move {
+            loop {
+                let (due, frame) = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    next = rx.recv() => match next {
+                        Some(x) => x,
+                        None => return,
+                    },
+                };
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep_until(due) => {}
+                }
+                let keep = node2.handle_frame(&peer, &remote_id, frame);
+                left.fetch_sub(1, Ordering::AcqRel);
+                if !keep {
+                    cancel.cancel();
+                    return;
+                }
+            }
+        });
+        Delayer { tx, pending }
     }
 }
 

@@ -137,6 +137,25 @@ impl Peer {
         }
     }
 
+    /// Queues a message frame on the control lane ([`RemoteRef::try_tell_control`]); wakes the
+    /// dialer if there is no connection. A message to this node itself is handled at once.
+    ///
+    /// [`RemoteRef::try_tell_control`]: crate::RemoteRef::try_tell_control
+    pub(crate) fn send_control_msg(&self, frame: Frame) -> Result<(), Full> {
+        if self.loopback {
+            if let Some(node) = self.node.upgrade() {
+                let me = node.local.me.node_id.clone();
+                node.handle_frame(self, &me, frame);
+            }
+            return Ok(());
+        }
+        self.queue.push_control(frame)?;
+        if !self.connected.load(Ordering::Acquire) {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
     /// Queues heartbeat `seq` on the control lane and remembers when.
     pub(crate) fn send_heartbeat(&self, seq: u64) {
         {

@@ -166,6 +166,43 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
         self.enqueue(frame, &ids)
     }
 
+    /// Queues `msg` on the peer's **control lane** instead of the user lane, or says why it
+    /// was refused (nothing is recorded as a dead letter).
+    ///
+    /// The control lane is what the connection's own heartbeats use: the writer drains it
+    /// before any user frame, and it has its own bound (`RemoteConfig::control_queue`,
+    /// default 1 024 frames), so a flood of user messages toward the same node neither delays
+    /// these messages behind the user queue nor makes them fail with a full user lane. Meant
+    /// for small, infrequent protocol messages of higher layers (cluster heartbeats and
+    /// gossip); the receiver decodes and delivers them exactly like [`tell`](Self::tell)ed
+    /// ones. Messages sent with `tell` and `tell_control` to the same actor are not ordered
+    /// with respect to each other; each kind keeps its own order.
+    pub fn try_tell_control(&self, msg: M) -> Result<(), SendError> {
+        let (frame, ids) = self.encode(&msg)?;
+        drop(msg);
+        if self.peer.send_control_msg(frame).is_err() {
+            self.node.replies.forget(&ids);
+            self.node.counters.bump(
+                &self.node.counters.dropped_queue_full,
+                "shardik_remote_dropped_queue_full_total",
+            );
+            return Err(SendError::QueueFull(self.peer.addr.to_string()));
+        }
+        self.node
+            .counters
+            .messages_sent
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// [`try_tell_control`](Self::try_tell_control), recording a refused message as a dead
+    /// letter like [`tell`](Self::tell).
+    pub fn tell_control(&self, msg: M) {
+        if let Err(e) = self.try_tell_control(msg) {
+            self.undeliverable(&e);
+        }
+    }
+
     /// Queues `msg` without waiting. A message that cannot be queued (full outbound queue,
     /// too large, fails to encode, layer shut down) is logged and recorded as a dead letter.
     pub fn tell(&self, msg: M) {

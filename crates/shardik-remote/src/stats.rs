@@ -58,6 +58,8 @@ counters! {
     connections_established,
     /// Frames dropped by the fault injector.
     fault_dropped,
+    /// Frames held by a link delayed by the fault injector (counted on arrival).
+    fault_delayed,
     /// Replies whose slot was unknown (late after a timeout, or forged).
     replies_unmatched,
     /// Replies that failed to decode as the asker's type.

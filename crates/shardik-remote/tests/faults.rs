@@ -84,3 +84,69 @@ async fn a_cut_link_to_one_node_leaves_others_alone() {
     faults.heal_all();
     assert_eq!(to_b.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_one_way_then_both_then_heal() {
+    let faults = FaultInjector::new();
+    let (sys_a, a) = node_with(config("a").faults(faults.clone())).await;
+    let (sys_b, b) = node_with(config("b").faults(faults.clone())).await;
+    let mut seen_a = echo(&sys_a, &a);
+    let mut seen_b = echo(&sys_b, &b);
+    let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+    let to_a = b.lookup::<Echo>("/user/echo", a.addr());
+    assert_eq!(to_b.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
+    assert_eq!(to_a.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
+    let d = Duration::from_millis(300);
+
+    // a -> b delayed: a's tells arrive late but all of them, in order; b's are not held.
+    faults.delay("a", "b", d);
+    let started = std::time::Instant::now();
+    for n in 0..50 {
+        to_b.tell(Echo::Record { from: 1, n });
+    }
+    for n in 0..50 {
+        assert_eq!(next(&mut seen_b).await, (1, n));
+    }
+    assert!(started.elapsed() >= d, "held for the delay");
+    let started = std::time::Instant::now();
+    to_a.tell(Echo::Record { from: 2, n: 0 });
+    assert_eq!(next(&mut seen_a).await, (2, 0));
+    assert!(started.elapsed() < d, "the other direction is not delayed");
+    // A round trip crosses the delayed direction once, whichever side asks.
+    for ask in [&to_b, &to_a] {
+        let started = std::time::Instant::now();
+        assert_eq!(ask.ask(|reply| Echo::Inc { n: 3, reply }, T).await, Ok(4));
+        assert!(started.elapsed() >= d);
+    }
+
+    // Both ways: a round trip takes at least twice the delay.
+    faults.delay_both("a", "b", d);
+    let started = std::time::Instant::now();
+    assert_eq!(to_b.ask(|reply| Echo::Inc { n: 5, reply }, T).await, Ok(6));
+    assert!(started.elapsed() >= 2 * d);
+
+    // Removing the delay while frames are held does not reorder them.
+    let held = b.stats().fault_delayed;
+    for n in 100..110 {
+        to_b.tell(Echo::Record { from: 1, n });
+    }
+    // No event marks a frame's arrival: yield until b's reader has taken all ten in.
+    tokio::time::timeout(T, async {
+        while b.stats().fault_delayed < held + 10 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the ten tells reach b's reader");
+    faults.heal_both("a", "b");
+    for n in 110..120 {
+        to_b.tell(Echo::Record { from: 1, n });
+    }
+    for n in 100..120 {
+        assert_eq!(next(&mut seen_b).await, (1, n));
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(to_b.ask(|reply| Echo::Inc { n: 7, reply }, T).await, Ok(8));
+    assert!(started.elapsed() < d, "healed");
+    assert_eq!(a.stats().fault_dropped, 0, "a delay drops nothing");
+}
