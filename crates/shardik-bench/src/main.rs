@@ -4,16 +4,20 @@
 //! cargo run --release -p shardik-bench -- local            # human table
 //! cargo run --release -p shardik-bench -- local --json     # one JSON record per line
 //! cargo run --release -p shardik-bench -- local --quick --filter ask
+//! cargo run --release -p shardik-bench -- remote           # two processes on loopback
+//! cargo run --release -p shardik-bench -- cluster          # failure detection, convergence
 //! ```
 //!
-//! Every suite is a subcommand with its own module (`local` now; `remote`, `cluster` and
+//! Every suite is a subcommand with its own module (`local`, `remote` and `cluster` now;
 //! `persistence` later) and prints [`report::Record`]s, whose JSON form is the contract that
-//! tooling reads. Hidden subcommands (`probe-idle`) are helpers that a suite runs in a fresh
-//! child process.
+//! tooling reads. Hidden subcommands (`probe-idle`, `remote-peer`, `cluster-peer`) are helpers
+//! that a suite runs in a child process.
 #![warn(missing_docs)]
 
+mod cluster;
 mod harness;
 mod local;
+mod remote;
 mod report;
 
 use clap::{Args, Parser, Subcommand};
@@ -34,6 +38,16 @@ enum Command {
     /// Measures the memory of idle actors in this (fresh) process; run by the `local` suite.
     #[command(hide = true)]
     ProbeIdle(local::idle::ProbeArgs),
+    /// Two processes on loopback: remote tell throughput, ask latency, encode/decode, TLS.
+    Remote(SuiteOptions),
+    /// The receiving node of the `remote` suite; run by the suite in a child process.
+    #[command(hide = true)]
+    RemotePeer(remote::peer::PeerArgs),
+    /// Cluster membership over loopback: time from SIGKILL to Down, time to converge.
+    Cluster(SuiteOptions),
+    /// The killed node of the `cluster` suite; run by the suite in a child process.
+    #[command(hide = true)]
+    ClusterPeer(cluster::peer::PeerArgs),
 }
 
 /// Options every suite takes.
@@ -75,6 +89,10 @@ fn main() {
     match cli.command {
         Command::Local(opts) => run_suite(&opts, local::run),
         Command::ProbeIdle(args) => local::idle::probe(&args),
+        Command::Remote(opts) => run_suite(&opts, remote::run),
+        Command::RemotePeer(args) => remote::peer::serve(&args),
+        Command::Cluster(opts) => run_suite(&opts, cluster::run),
+        Command::ClusterPeer(args) => cluster::peer::serve(&args),
     }
 }
 

@@ -80,6 +80,13 @@ pub mod remote {
     pub use shardik_remote::*;
 }
 
+/// Cluster membership: gossip, phi accrual failure detection, split brain resolution, and
+/// [`Cluster`](shardik_cluster::runtime::Cluster) that runs them over remoting (the
+/// `shardik-cluster` crate). See `docs/cluster.md` for defaults and tuning.
+pub mod cluster {
+    pub use shardik_cluster::*;
+}
+
 pub use shardik_actor::{
     Actor, ActorError, ActorId, ActorRef, ActorSettings, ActorSystem, AskError, Context,
     DeadLetterStats, MailboxConfig, OverflowPolicy, Props, ReplyTo, RestartPolicy, ShutdownError,

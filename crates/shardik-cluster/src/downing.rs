@@ -1,0 +1,392 @@
+//! Split brain resolution: which side of a partition goes on and which downs itself.
+//!
+//! Decisions are pure functions of the membership, the reachability, the deciding node and how
+//! long the membership has been stable. A decision is only taken once nothing has changed for
+//! `stable_after`, so both sides of a clean partition see the same picture and reach
+//! complementary decisions: the winners down the unreachable side, the losers down their own
+//! (including themselves). The node that applies a decision is the leader of its side (see
+//! [`crate::node`]); one observer's failure detector never downs anyone by itself.
+//!
+//! Only `Up`, `Leaving` and `Exiting` members are counted (with the configured role):
+//! `Joining` and `WeaklyUp` members do not count toward a majority, but they are downed with
+//! their side. If no member is counted, joining ones are.
+//!
+//! Two refinements, both Akka's:
+//! - **Membership changes racing the partition.** The other side may have seen a change this
+//!   side has not (a joining member moved up, an exiting one removed). A side that would go on
+//!   checks that it still would when counting the fewest members it could have (no joining,
+//!   no exiting) against the most the other side could (everything not down); if not, it
+//!   downs all (safety over availability: never two sides going on).
+//! - **Indirectly connected nodes.** Flags that are not a clean partition (an observer that is
+//!   itself flagged, or a flagged node that still sees the current state) are a broken link,
+//!   not a lost side. They are left out of the counting, and one end of each broken link (the
+//!   node on most such flags, then the youngest) is downed: a flaky link between two nodes
+//!   costs one node, and never makes the healthy rest a "minority". (Akka downs both ends.)
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crate::gossip::Gossip;
+use crate::member::{Member, MemberStatus, UniqueAddress};
+
+/// A downing strategy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// The side with more counted members goes on; on a tie, the side holding the member with
+    /// the lowest address.
+    KeepMajority,
+    /// The side with at least `quorum_size` counted members goes on; if the cluster has grown
+    /// beyond `2 * quorum_size - 1` members, everyone is downed (two quorums could exist).
+    StaticQuorum {
+        /// Members a side needs to go on.
+        quorum_size: usize,
+    },
+    /// The side with the oldest member goes on. With `down_if_alone`, if the oldest is alone
+    /// on its side, it is downed and the other side goes on.
+    KeepOldest {
+        /// Down the oldest if it is cut off from every other member.
+        down_if_alone: bool,
+    },
+    /// Everyone is downed when anything is unreachable.
+    DownAll,
+}
+
+/// Settings of the split brain resolver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DowningConfig {
+    /// The strategy (default keep-majority).
+    pub strategy: Strategy,
+    /// How long membership and reachability must be unchanged before deciding.
+    pub stable_after: Duration,
+    /// Count only members with this role.
+    pub role: Option<String>,
+}
+
+impl Default for DowningConfig {
+    /// Keep-majority, decided after 2 s of stability (Akka: 20 s; with a detection of about
+    /// 2.5 s this keeps time to Down under 5 s, see the crate docs on tuning).
+    fn default() -> Self {
+        Self {
+            strategy: Strategy::KeepMajority,
+            stable_after: Duration::from_secs(2),
+            role: None,
+        }
+    }
+}
+
+/// Which side a decision downs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecisionKind {
+    /// Down the unreachable members; this side goes on.
+    DownUnreachable,
+    /// Down this side (including the deciding node); the other side goes on.
+    DownReachable,
+    /// Down everyone.
+    DownAll,
+}
+
+/// A decision and the members it downs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// What was decided.
+    pub kind: DecisionKind,
+    /// The members to mark `Down`.
+    pub down: BTreeSet<UniqueAddress>,
+}
+
+/// The two sides as `self_node` sees them.
+struct Sides<'a> {
+    reachable: Vec<&'a Member>,
+    unreachable: Vec<&'a Member>,
+}
+
+impl<'a> Sides<'a> {
+    /// Live (not `Down`) members split by `unreachable`, leaving out `excluded`; `self_node`
+    /// is always on the reachable side.
+    fn new(
+        g: &'a Gossip,
+        self_node: &UniqueAddress,
+        unreachable_set: &BTreeSet<UniqueAddress>,
+        excluded: &BTreeSet<UniqueAddress>,
+    ) -> Self {
+        let live = g
+            .members()
+            .filter(|m| m.status != MemberStatus::Down && !excluded.contains(&m.node));
+        let (unreachable, reachable) =
+            live.partition(|m| &m.node != self_node && unreachable_set.contains(&m.node));
+        Sides {
+            reachable,
+            unreachable,
+        }
+    }
+
+    fn counted(side: &[&'a Member], role: Option<&str>, joining_too: bool) -> Vec<&'a Member> {
+        side.iter()
+            .copied()
+            .filter(|m| m.has_role(role))
+            .filter(|m| {
+                joining_too
+                    || matches!(
+                        m.status,
+                        MemberStatus::Up | MemberStatus::Leaving | MemberStatus::Exiting
+                    )
+            })
+            .collect()
+    }
+}
+
+/// The decision `self_node` takes, or `None` if nothing is unreachable or membership has not
+/// been stable for `stable_after` yet.
+///
+/// ```
+/// use std::collections::BTreeSet;
+/// use std::time::Duration;
+/// use shardik_cluster::downing::{decide, DecisionKind, DowningConfig};
+/// use shardik_cluster::gossip::Gossip;
+/// use shardik_cluster::leader::leader_actions;
+/// use shardik_cluster::member::UniqueAddress;
+///
+/// let n: Vec<_> = (0..3).map(|i| UniqueAddress::new(format!("h:{i}"), format!("n{i}"), 1)).collect();
+/// let mut g = Gossip::new();
+/// for a in &n { g.add_joining(a.clone(), BTreeSet::new()).unwrap(); }
+/// leader_actions(&mut g, &n[0], false);
+/// g.reachability_mut().unreachable(&n[0], &n[2]);
+/// let cfg = DowningConfig::default();
+/// assert_eq!(decide(&g, &n[0], Duration::from_secs(1), &cfg), None); // not stable yet
+/// let d = decide(&g, &n[0], cfg.stable_after, &cfg).unwrap();
+/// assert_eq!(d.kind, DecisionKind::DownUnreachable);
+/// assert_eq!(d.down, BTreeSet::from([n[2].clone()]));
+/// ```
+pub fn decide(
+    gossip: &Gossip,
+    self_node: &UniqueAddress,
+    stable_for: Duration,
+    config: &DowningConfig,
+) -> Option<Decision> {
+    if stable_for < config.stable_after {
+        return None;
+    }
+    let live = |n: &UniqueAddress| {
+        gossip
+            .member(n)
+            .is_some_and(|m| m.status != MemberStatus::Down)
+    };
+    // The flags that count: by live observers, about live subjects.
+    let records: Vec<(&UniqueAddress, &UniqueAddress)> = gossip
+        .reachability()
+        .records()
+        .filter(|(o, s)| live(o) && live(s))
+        .collect();
+    if records.is_empty() {
+        return None;
+    }
+    let indirect = indirectly_connected(gossip, &records);
+    let cover = cover(gossip, &records, &indirect);
+    // The clean picture: flags between nodes that are not indirectly connected.
+    let clean: BTreeSet<UniqueAddress> = records
+        .iter()
+        .filter(|(o, s)| !indirect.contains(*o) && !indirect.contains(*s))
+        .map(|(_, s)| (*s).clone())
+        .collect();
+    let sides = Sides::new(gossip, self_node, &clean, &cover);
+    let pick = |s: &[&Member]| s.iter().map(|m| m.node.clone()).collect::<BTreeSet<_>>();
+    let (kind, mut down) = if sides.unreachable.is_empty() {
+        (DecisionKind::DownUnreachable, BTreeSet::new())
+    } else {
+        let kind = decide_kind(&sides, config);
+        let down = match kind {
+            DecisionKind::DownUnreachable => pick(&sides.unreachable),
+            DecisionKind::DownReachable => pick(&sides.reachable),
+            DecisionKind::DownAll => pick(&sides.reachable)
+                .into_iter()
+                .chain(pick(&sides.unreachable))
+                .collect(),
+        };
+        (kind, down)
+    };
+    down.extend(cover);
+    if down.is_empty() {
+        return None;
+    }
+    Some(Decision { kind, down })
+}
+
+/// Nodes that are flagged, or flag others, although they are still connected to the rest
+/// through other nodes (Akka's "indirectly connected"): a flaky link rather than a clean
+/// partition or a crash. They are the observers that are themselves flagged (a cycle of
+/// flags) and both ends of every flag whose subject has seen the current state (it still
+/// talks to this side).
+fn indirectly_connected(
+    gossip: &Gossip,
+    records: &[(&UniqueAddress, &UniqueAddress)],
+) -> BTreeSet<UniqueAddress> {
+    let subjects: BTreeSet<&UniqueAddress> = records.iter().map(|(_, s)| *s).collect();
+    let mut out = BTreeSet::new();
+    for (o, s) in records {
+        if subjects.contains(o) {
+            out.insert((*o).clone());
+        }
+        if gossip.has_seen(s) {
+            out.insert((*o).clone());
+            out.insert((*s).clone());
+        }
+    }
+    out
+}
+
+/// The indirectly connected nodes to down: a small set that touches every flag between
+/// them, picked greedily (the node on most remaining flags first, then the youngest), so a
+/// flaky link costs one of its two ends, not both and not the nodes around it. Akka downs
+/// every indirectly connected node; this keeps more of the cluster and is just as
+/// deterministic.
+fn cover(
+    gossip: &Gossip,
+    records: &[(&UniqueAddress, &UniqueAddress)],
+    indirect: &BTreeSet<UniqueAddress>,
+) -> BTreeSet<UniqueAddress> {
+    let mut edges: Vec<(&UniqueAddress, &UniqueAddress)> = records
+        .iter()
+        .copied()
+        .filter(|(o, s)| indirect.contains(*o) && indirect.contains(*s))
+        .collect();
+    let mut out = BTreeSet::new();
+    while !edges.is_empty() {
+        let pick = indirect
+            .iter()
+            .filter_map(|n| {
+                let degree = edges.iter().filter(|(o, s)| *o == n || *s == n).count();
+                let member = gossip.member(n)?;
+                (degree > 0).then(|| (degree, member.age_key(), n))
+            })
+            // most flags, then youngest (largest age key)
+            .max_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)))
+            .map(|(_, _, n)| n.clone());
+        let Some(pick) = pick else { break };
+        edges.retain(|(o, s)| **o != pick && **s != pick);
+        out.insert(pick);
+    }
+    out
+}
+
+fn decide_kind(sides: &Sides<'_>, config: &DowningConfig) -> DecisionKind {
+    let role = config.role.as_deref();
+    let mut joining_too = false;
+    let mut reach = Sides::counted(&sides.reachable, role, false);
+    let mut unreach = Sides::counted(&sides.unreachable, role, false);
+    if reach.is_empty() && unreach.is_empty() {
+        joining_too = true;
+        reach = Sides::counted(&sides.reachable, role, true);
+        unreach = Sides::counted(&sides.unreachable, role, true);
+    }
+    let decision = decide_counted(&reach, &unreach, &config.strategy);
+    if decision != DecisionKind::DownUnreachable {
+        return decision;
+    }
+    // The edge case of a membership change racing the partition (Akka's): the other side may
+    // have seen a change this side has not. A `Joining`/`WeaklyUp` member may be `Up` there
+    // (the leader moved it up at a convergence just before the split; everybody had seen it
+    // joining, so this side knows it), and an `Exiting` member may be removed there (a
+    // `Leaving` one can at most be `Exiting` there, as both had to see it leaving). So this
+    // side goes on only if it also would with the fewest members it could count (no joining,
+    // no exiting) against the most the other side could (everything not down); if not, the
+    // safe answer is to down everything on this side.
+    let this_min: Vec<&Member> = reach
+        .iter()
+        .copied()
+        .filter(|m| joining_too || m.status != MemberStatus::Exiting)
+        .collect();
+    let other_max = Sides::counted(&sides.unreachable, role, true);
+    if decide_counted(&this_min, &other_max, &config.strategy) == DecisionKind::DownUnreachable {
+        DecisionKind::DownUnreachable
+    } else {
+        DecisionKind::DownAll
+    }
+}
+
+/// The strategy's decision given the members counted on this side and on the other one.
+fn decide_counted(reach: &[&Member], unreach: &[&Member], strategy: &Strategy) -> DecisionKind {
+    match strategy {
+        Strategy::DownAll => DecisionKind::DownAll,
+        Strategy::KeepMajority => {
+            use std::cmp::Ordering::*;
+            match reach.len().cmp(&unreach.len()) {
+                Greater => DecisionKind::DownUnreachable,
+                Less => DecisionKind::DownReachable,
+                Equal => {
+                    let lowest = reach.iter().chain(unreach.iter()).map(|m| &m.node).min();
+                    if lowest.is_some_and(|l| reach.iter().any(|m| &m.node == l)) {
+                        DecisionKind::DownUnreachable
+                    } else {
+                        DecisionKind::DownReachable
+                    }
+                }
+            }
+        }
+        Strategy::StaticQuorum { quorum_size } => {
+            let total = reach.len() + unreach.len();
+            if total > (2 * quorum_size).saturating_sub(1) {
+                DecisionKind::DownAll
+            } else if reach.len() >= *quorum_size {
+                DecisionKind::DownUnreachable
+            } else {
+                DecisionKind::DownReachable
+            }
+        }
+        Strategy::KeepOldest { down_if_alone } => {
+            let oldest = reach
+                .iter()
+                .chain(unreach.iter())
+                .min_by(|a, b| a.age_key().cmp(&b.age_key()));
+            let Some(oldest) = oldest else {
+                return DecisionKind::DownReachable;
+            };
+            let oldest_reachable = reach.iter().any(|m| m.node == oldest.node);
+            let (own, other) = if oldest_reachable {
+                (reach, unreach)
+            } else {
+                (unreach, reach)
+            };
+            let alone = own.len() == 1 && !other.is_empty();
+            match (oldest_reachable, *down_if_alone && alone) {
+                (true, false) => DecisionKind::DownUnreachable,
+                (true, true) => DecisionKind::DownReachable,
+                (false, false) => DecisionKind::DownReachable,
+                (false, true) => DecisionKind::DownUnreachable,
+            }
+        }
+    }
+}
+
+/// What the stability timer compares: member states and the unreachable set.
+type Snapshot = (Vec<(UniqueAddress, MemberStatus)>, BTreeSet<UniqueAddress>);
+
+/// Tracks how long membership and reachability have been unchanged, for `stable_for`.
+#[derive(Clone, Debug, Default)]
+pub struct StabilityTimer {
+    last: Option<Snapshot>,
+    since: u64,
+}
+
+impl StabilityTimer {
+    /// A timer that has seen nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Looks at the state at `now` (ms) and returns how long it has been unchanged.
+    pub fn observe(&mut self, gossip: &Gossip, now: u64) -> Duration {
+        let members = gossip
+            .members()
+            .map(|m| (m.node.clone(), m.status))
+            .collect();
+        let snapshot = (members, gossip.unreachable_members());
+        if self.last.as_ref() != Some(&snapshot) {
+            self.last = Some(snapshot);
+            self.since = now;
+        }
+        Duration::from_millis(now.saturating_sub(self.since))
+    }
+}
+
+#[cfg(test)]
+mod tests;

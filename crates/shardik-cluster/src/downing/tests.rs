@@ -1,0 +1,527 @@
+use super::*;
+use crate::leader::leader_actions;
+
+fn n(i: u8) -> UniqueAddress {
+    UniqueAddress::new(format!("h:{i}"), format!("n{i}"), 1)
+}
+
+/// `k` members moved up in address order (n0 oldest).
+fn cluster(k: u8) -> Gossip {
+    let mut g = Gossip::new();
+    for i in 0..k {
+        g.add_joining(n(i), BTreeSet::new()).unwrap();
+    }
+    leader_actions(&mut g, &n(0), false);
+    g
+}
+
+/// The gossip as seen by `side`, which cannot reach the others: every node of `side` flagged
+/// every other node, in a version only `side` has seen.
+fn split(g: &Gossip, side: &[u8], others: &[u8]) -> Gossip {
+    let mut g = g.clone();
+    for o in side {
+        for u in others {
+            g.reachability_mut().unreachable(&n(*o), &n(*u));
+        }
+    }
+    g.touch(&n(side[0]));
+    for o in side {
+        g.mark_seen(&n(*o));
+    }
+    g
+}
+
+fn cfg(strategy: Strategy) -> DowningConfig {
+    DowningConfig {
+        strategy,
+        ..DowningConfig::default()
+    }
+}
+
+fn stable() -> Duration {
+    DowningConfig::default().stable_after
+}
+
+fn decide_on(g: &Gossip, me: u8, c: &DowningConfig) -> Decision {
+    decide(g, &n(me), stable(), c).expect("a decision")
+}
+
+fn set(ids: &[u8]) -> BTreeSet<UniqueAddress> {
+    ids.iter().map(|i| n(*i)).collect()
+}
+
+#[test]
+fn nothing_to_decide_when_all_reachable() {
+    let g = cluster(3);
+    assert_eq!(
+        decide(&g, &n(0), stable(), &cfg(Strategy::KeepMajority)),
+        None
+    );
+}
+
+#[test]
+fn no_decision_before_stable_after() {
+    let g = split(&cluster(3), &[0, 1], &[2]);
+    let c = cfg(Strategy::KeepMajority);
+    assert_eq!(
+        decide(&g, &n(0), stable() - Duration::from_millis(1), &c),
+        None
+    );
+    assert!(decide(&g, &n(0), stable(), &c).is_some());
+}
+
+#[test]
+fn keep_majority_2_3_both_sides_agree() {
+    let base = cluster(5);
+    let c = cfg(Strategy::KeepMajority);
+    let major = split(&base, &[2, 3, 4], &[0, 1]);
+    let minor = split(&base, &[0, 1], &[2, 3, 4]);
+    let d = decide_on(&major, 2, &c);
+    assert_eq!(d.kind, DecisionKind::DownUnreachable);
+    assert_eq!(d.down, set(&[0, 1]));
+    let d = decide_on(&minor, 0, &c);
+    assert_eq!(d.kind, DecisionKind::DownReachable);
+    assert_eq!(d.down, set(&[0, 1]), "the minority downs itself");
+}
+
+#[test]
+fn keep_majority_tie_goes_to_lowest_address() {
+    let base = cluster(4);
+    let c = cfg(Strategy::KeepMajority);
+    let with_lowest = split(&base, &[0, 3], &[1, 2]);
+    let without = split(&base, &[1, 2], &[0, 3]);
+    assert_eq!(
+        decide_on(&with_lowest, 3, &c).kind,
+        DecisionKind::DownUnreachable
+    );
+    let d = decide_on(&without, 1, &c);
+    assert_eq!(d.kind, DecisionKind::DownReachable);
+    assert_eq!(d.down, set(&[1, 2]));
+}
+
+#[test]
+fn keep_majority_two_nodes_lowest_address_survives() {
+    let base = cluster(2);
+    let c = cfg(Strategy::KeepMajority);
+    assert_eq!(
+        decide_on(&split(&base, &[0], &[1]), 0, &c).kind,
+        DecisionKind::DownUnreachable
+    );
+    assert_eq!(
+        decide_on(&split(&base, &[1], &[0]), 1, &c).kind,
+        DecisionKind::DownReachable
+    );
+}
+
+#[test]
+fn keep_majority_three_way_split_without_majority_downs_everyone() {
+    let base = cluster(5);
+    let c = cfg(Strategy::KeepMajority);
+    for (side, others) in [
+        (&[0u8, 1][..], &[2u8, 3, 4][..]),
+        (&[2, 3], &[0, 1, 4]),
+        (&[4], &[0, 1, 2, 3]),
+    ] {
+        let d = decide_on(&split(&base, side, others), side[0], &c);
+        assert_eq!(d.kind, DecisionKind::DownReachable, "side {side:?}");
+        assert_eq!(d.down, set(side));
+    }
+}
+
+#[test]
+fn keep_majority_three_way_split_with_a_majority() {
+    let base = cluster(7);
+    let c = cfg(Strategy::KeepMajority);
+    let big = split(&base, &[0, 1, 2, 3], &[4, 5, 6]);
+    assert_eq!(decide_on(&big, 0, &c).kind, DecisionKind::DownUnreachable);
+    let mid = split(&base, &[4, 5], &[0, 1, 2, 3, 6]);
+    assert_eq!(decide_on(&mid, 4, &c).kind, DecisionKind::DownReachable);
+    let lone = split(&base, &[6], &[0, 1, 2, 3, 4, 5]);
+    assert_eq!(decide_on(&lone, 6, &c).kind, DecisionKind::DownReachable);
+}
+
+#[test]
+fn joining_members_do_not_count_but_go_down_with_their_side() {
+    let mut base = cluster(5);
+    // two more nodes join on what becomes the minority side
+    base.add_joining(n(7), BTreeSet::new()).unwrap();
+    base.add_joining(n(8), BTreeSet::new()).unwrap();
+    let c = cfg(Strategy::KeepMajority);
+    let minor = split(&base, &[0, 1, 7, 8], &[2, 3, 4]);
+    let d = decide_on(&minor, 0, &c);
+    assert_eq!(d.kind, DecisionKind::DownReachable, "2 counted vs 3");
+    assert_eq!(d.down, set(&[0, 1, 7, 8]));
+    // The majority knows 7 and 8 are joining: the minority's leader may have moved them up
+    // just before the split (everybody had seen them joining), in which case the minority
+    // counts 4 Up members and goes on. So the majority cannot safely go on either: 3 against
+    // up to 4 is no majority, and it downs everything (Akka's edge case). Safety over
+    // availability: never two sides.
+    let major = split(&base, &[2, 3, 4], &[0, 1, 7, 8]);
+    let d = decide_on(&major, 2, &c);
+    assert_eq!(d.kind, DecisionKind::DownAll);
+    // With the joiners known only to the minority (they joined through it after the split),
+    // the majority goes on.
+    let mut only_minor_knows = cluster(5);
+    only_minor_knows.add_joining(n(9), BTreeSet::new()).unwrap();
+    let minor = split(&only_minor_knows, &[0, 1, 9], &[2, 3, 4]);
+    assert_eq!(decide_on(&minor, 0, &c).kind, DecisionKind::DownReachable);
+    let major = split(&cluster(5), &[2, 3, 4], &[0, 1]);
+    let d = decide_on(&major, 2, &c);
+    assert_eq!(d.kind, DecisionKind::DownUnreachable);
+    assert_eq!(d.down, set(&[0, 1]));
+}
+
+#[test]
+fn joiner_moved_up_on_one_side_only_never_lets_both_sides_go_on() {
+    // n0 (leader) moved joining n5 up at a convergence; only n0's side saw that before the
+    // split {0, 5} | {1, 2}. Without the edge-case check the left side counts 2 (tie, lowest
+    // address n0) and the right side counts 2 against 1: both would go on.
+    let mut base = cluster(3);
+    base.add_joining(n(5), BTreeSet::new()).unwrap();
+    let mut left = base.clone();
+    for i in 0..3 {
+        left.mark_seen(&n(i));
+    }
+    leader_actions(&mut left, &n(0), false);
+    assert_eq!(left.member(&n(5)).unwrap().status, MemberStatus::Up);
+    let left = split(&left, &[0, 5], &[1, 2]);
+    let right = split(&base, &[1, 2], &[0, 5]);
+    let c = cfg(Strategy::KeepMajority);
+    let l = decide_on(&left, 0, &c).kind;
+    let r = decide_on(&right, 1, &c).kind;
+    assert_eq!(l, DecisionKind::DownUnreachable);
+    assert_ne!(r, DecisionKind::DownUnreachable);
+}
+
+#[test]
+fn exiting_member_removed_on_one_side_only_never_lets_both_sides_go_on() {
+    // n3 is Exiting; the left side's leader removed it just before the split {0, 1} | {2, 3}
+    // (n3 has shut down but is not yet detected on the right side).
+    let mut base = cluster(4);
+    base.set_status(&n(3), MemberStatus::Leaving).unwrap();
+    base.set_status(&n(3), MemberStatus::Exiting).unwrap();
+    let mut left = base.clone();
+    left.set_status(&n(3), MemberStatus::Removed).unwrap();
+    let left = split(&left, &[0, 1], &[2]);
+    let right = split(&base, &[2, 3], &[0, 1]);
+    for strategy in [
+        Strategy::KeepMajority,
+        Strategy::KeepOldest {
+            down_if_alone: false,
+        },
+    ] {
+        let c = cfg(strategy);
+        let l = decide_on(&left, 0, &c).kind;
+        let r = decide_on(&right, 2, &c).kind;
+        assert!(
+            !(l == DecisionKind::DownUnreachable && r == DecisionKind::DownUnreachable),
+            "{:?}: both sides go on",
+            c.strategy
+        );
+    }
+}
+
+mod split_safety {
+    //! Whatever membership change raced a partition (seen by one side only), at most one side
+    //! of a split goes on.
+    use super::*;
+    use proptest::prelude::{any, prop_assert, prop_oneof, proptest, Just, ProptestConfig};
+    use proptest::strategy::Strategy as _;
+
+    // Changes made just before the split, each seen only by the sides in its mask:
+    // 0 a joining member (that everybody saw joining) moved up, 1 an up member leaves,
+    // 2 a leaving member goes exiting, 3 an exiting member is removed, 4 a new member joins
+    // through one side.
+
+    fn strategy() -> impl proptest::strategy::Strategy<Value = super::Strategy> {
+        prop_oneof![
+            Just(super::Strategy::KeepMajority),
+            (1usize..5).prop_map(|q| super::Strategy::StaticQuorum { quorum_size: q }),
+            any::<bool>().prop_map(|a| super::Strategy::KeepOldest { down_if_alone: a }),
+            Just(super::Strategy::DownAll),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn at_most_one_side_goes_on(
+            up in 2u8..7,
+            joining in 0u8..3,
+            statuses in proptest::collection::vec(0u8..4, 9),
+            changes in proptest::collection::vec((0u8..5, 0u8..9, 0u8..8), 0..3),
+            sides in proptest::collection::vec(0u8..3, 9),
+            strategy in strategy(),
+        ) {
+            // the agreed base state: `up` members moved up, some leaving or exiting,
+            // `joining` more joining
+            let mut base = cluster(up);
+            for i in 0..up {
+                match statuses[i as usize] {
+                    1 => { base.set_status(&n(i), MemberStatus::Leaving).unwrap(); }
+                    2 => {
+                        base.set_status(&n(i), MemberStatus::Leaving).unwrap();
+                        base.set_status(&n(i), MemberStatus::Exiting).unwrap();
+                    }
+                    _ => {}
+                }
+            }
+            for j in 0..joining {
+                base.add_joining(n(up + j), BTreeSet::new()).unwrap();
+            }
+            let known = up + joining;
+            let mut views = [base.clone(), base.clone(), base.clone()];
+            for (next_new, (kind, who, mask)) in (20u8..).zip(changes) {
+                let target = n(who % known);
+                let new = n(next_new);
+                for (v, view) in views.iter_mut().enumerate() {
+                    if mask & (1 << v) == 0 {
+                        continue;
+                    }
+                    let status = base.member(&target).map(|m| m.status);
+                    match kind {
+                        0 if status == Some(MemberStatus::Joining) => {
+                            let next = view.members().filter_map(|m| m.up_number).max().unwrap_or(0) + 1;
+                            view.set_status(&target, MemberStatus::Up).unwrap();
+                            view.set_up_number(&target, next);
+                        }
+                        1 if status == Some(MemberStatus::Up) => {
+                            let _ = view.set_status(&target, MemberStatus::Leaving);
+                        }
+                        2 if status == Some(MemberStatus::Leaving) => {
+                            let _ = view.set_status(&target, MemberStatus::Exiting);
+                        }
+                        3 if status == Some(MemberStatus::Exiting) => {
+                            let _ = view.set_status(&target, MemberStatus::Removed);
+                        }
+                        // joins through this side only (the first side in the mask)
+                        4 if (0..v).all(|u| mask & (1 << u) == 0) => {
+                            view.add_joining(new.clone(), BTreeSet::new()).unwrap();
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            // every member (and every new joiner) is on one of up to three sides
+            let side_of = |m: &UniqueAddress| -> usize {
+                let i: u8 = m.node_id[1..].parse().unwrap();
+                usize::from(sides[usize::from(i % 9)])
+            };
+            let mut going_on = Vec::new();
+            for (v, view) in views.iter().enumerate() {
+                let mine: Vec<UniqueAddress> = view
+                    .members()
+                    .filter(|m| side_of(&m.node) == v)
+                    .map(|m| m.node.clone())
+                    .collect();
+                let Some(decider) = mine.first() else { continue };
+                let mut g = view.clone();
+                for o in &mine {
+                    for m in view.members() {
+                        if side_of(&m.node) != v {
+                            g.reachability_mut().unreachable(o, &m.node);
+                        }
+                    }
+                }
+                g.touch(decider);
+                for o in &mine {
+                    g.mark_seen(o);
+                }
+                let c = cfg(strategy.clone());
+                if let Some(d) = decide(&g, decider, stable(), &c) {
+                    if d.kind == DecisionKind::DownUnreachable {
+                        going_on.push(v);
+                    }
+                }
+            }
+            prop_assert!(going_on.len() <= 1, "sides {:?} all go on", going_on);
+        }
+    }
+}
+
+#[test]
+fn all_joining_cluster_counts_joining_members() {
+    let mut g = Gossip::new();
+    for i in 0..3 {
+        g.add_joining(n(i), BTreeSet::new()).unwrap();
+    }
+    let g = split(&g, &[0, 1], &[2]);
+    assert_eq!(
+        decide_on(&g, 0, &cfg(Strategy::KeepMajority)).kind,
+        DecisionKind::DownUnreachable
+    );
+}
+
+#[test]
+fn downed_members_are_not_counted() {
+    let mut g = cluster(5);
+    g.set_status(&n(4), MemberStatus::Down).unwrap();
+    g.set_status(&n(3), MemberStatus::Down).unwrap();
+    // 3 live: {0} | {1, 2}
+    let d = decide_on(&split(&g, &[1, 2], &[0]), 1, &cfg(Strategy::KeepMajority));
+    assert_eq!(d.kind, DecisionKind::DownUnreachable);
+    assert_eq!(d.down, set(&[0]));
+}
+
+#[test]
+fn static_quorum() {
+    let base = cluster(5);
+    let c = cfg(Strategy::StaticQuorum { quorum_size: 3 });
+    assert_eq!(
+        decide_on(&split(&base, &[0, 1, 2], &[3, 4]), 0, &c).kind,
+        DecisionKind::DownUnreachable
+    );
+    assert_eq!(
+        decide_on(&split(&base, &[3, 4], &[0, 1, 2]), 3, &c).kind,
+        DecisionKind::DownReachable
+    );
+    // three-way split: nobody has a quorum, everyone downs itself
+    for (side, others) in [(&[0u8, 1][..], &[2u8, 3, 4][..]), (&[2, 3], &[0, 1, 4])] {
+        assert_eq!(
+            decide_on(&split(&base, side, others), side[0], &c).kind,
+            DecisionKind::DownReachable
+        );
+    }
+    // too many members for the quorum: down all
+    let big = cluster(6);
+    let d = decide_on(&split(&big, &[0, 1, 2, 3], &[4, 5]), 0, &c);
+    assert_eq!(d.kind, DecisionKind::DownAll);
+    assert_eq!(d.down, set(&[0, 1, 2, 3, 4, 5]));
+}
+
+#[test]
+fn keep_oldest() {
+    let base = cluster(5); // n0 is oldest
+    let c = cfg(Strategy::KeepOldest {
+        down_if_alone: false,
+    });
+    assert_eq!(
+        decide_on(&split(&base, &[0, 1], &[2, 3, 4]), 1, &c).kind,
+        DecisionKind::DownUnreachable,
+        "oldest's side goes on even as a minority"
+    );
+    assert_eq!(
+        decide_on(&split(&base, &[2, 3, 4], &[0, 1]), 2, &c).kind,
+        DecisionKind::DownReachable
+    );
+}
+
+#[test]
+fn keep_oldest_uses_up_number_not_address() {
+    let mut g = cluster(3);
+    // n9 has the lowest address but joined last
+    let young = UniqueAddress::new("a:0", "n9", 1);
+    g.add_joining(young.clone(), BTreeSet::new()).unwrap();
+    leader_actions(&mut g, &young, false);
+    let mut g2 = g.clone();
+    for i in 0..3 {
+        g2.reachability_mut().unreachable(&young, &n(i));
+    }
+    g2.touch(&young);
+    let c = cfg(Strategy::KeepOldest {
+        down_if_alone: false,
+    });
+    let d = decide(&g2, &young, stable(), &c).unwrap();
+    assert_eq!(d.kind, DecisionKind::DownReachable);
+}
+
+#[test]
+fn keep_oldest_alone() {
+    let base = cluster(4);
+    let alone = split(&base, &[0], &[1, 2, 3]);
+    let rest = split(&base, &[1, 2, 3], &[0]);
+    let keep = cfg(Strategy::KeepOldest {
+        down_if_alone: false,
+    });
+    // without down-if-alone the lone oldest wins and the others down themselves
+    assert_eq!(
+        decide_on(&alone, 0, &keep).kind,
+        DecisionKind::DownUnreachable
+    );
+    assert_eq!(decide_on(&rest, 1, &keep).kind, DecisionKind::DownReachable);
+    // with it the oldest downs itself and the others remove it
+    let alone_cfg = cfg(Strategy::KeepOldest {
+        down_if_alone: true,
+    });
+    let d = decide_on(&alone, 0, &alone_cfg);
+    assert_eq!((d.kind, d.down), (DecisionKind::DownReachable, set(&[0])));
+    let d = decide_on(&rest, 1, &alone_cfg);
+    assert_eq!((d.kind, d.down), (DecisionKind::DownUnreachable, set(&[0])));
+}
+
+#[test]
+fn down_all() {
+    let base = cluster(3);
+    let d = decide_on(&split(&base, &[0, 1], &[2]), 0, &cfg(Strategy::DownAll));
+    assert_eq!(d.kind, DecisionKind::DownAll);
+    assert_eq!(d.down, set(&[0, 1, 2]));
+}
+
+#[test]
+fn roles_restrict_counting() {
+    let mut g = Gossip::new();
+    for i in 0..5u8 {
+        let roles = if i >= 3 {
+            BTreeSet::from(["db".to_string()])
+        } else {
+            BTreeSet::new()
+        };
+        g.add_joining(n(i), roles).unwrap();
+    }
+    leader_actions(&mut g, &n(0), false);
+    let c = DowningConfig {
+        role: Some("db".into()),
+        ..cfg(Strategy::KeepMajority)
+    };
+    // {0,1,2} has no db member; {3,4} has both
+    let d = decide_on(&split(&g, &[0, 1, 2], &[3, 4]), 0, &c);
+    assert_eq!(d.kind, DecisionKind::DownReachable);
+}
+
+#[test]
+fn stability_timer_resets_on_change() {
+    let g = cluster(3);
+    let mut t = StabilityTimer::new();
+    assert_eq!(t.observe(&g, 1000), Duration::ZERO);
+    assert_eq!(t.observe(&g, 2500), Duration::from_millis(1500));
+    let g2 = split(&g, &[0], &[2]);
+    assert_eq!(t.observe(&g2, 3000), Duration::ZERO);
+    assert_eq!(t.observe(&g2, 3700), Duration::from_millis(700));
+}
+
+#[test]
+fn indirectly_connected_ends_of_a_broken_link_cost_one_node() {
+    // n1 and n2 flag each other (their link broke) but both still talk to n0: not a
+    // partition. The youngest end goes; n0 is not a "minority of one".
+    let mut g = cluster(3);
+    g.reachability_mut().unreachable(&n(1), &n(2));
+    g.reachability_mut().unreachable(&n(2), &n(1));
+    g.touch(&n(1));
+    let c = cfg(Strategy::KeepMajority);
+    for me in [0, 1, 2] {
+        let d = decide_on(&g, me, &c);
+        assert_eq!(d.down, set(&[2]), "decided by n{me}");
+    }
+    // one-way: n1 flags n2, and n2 has seen that (it still gossips with this side)
+    let mut g = cluster(3);
+    g.reachability_mut().unreachable(&n(1), &n(2));
+    g.touch(&n(1));
+    g.mark_seen(&n(0));
+    g.mark_seen(&n(2));
+    assert_eq!(decide_on(&g, 0, &c).down, set(&[2]));
+}
+
+#[test]
+fn broken_link_inside_one_side_of_a_partition_is_decided_on_the_clean_rest() {
+    // {0, 1, 2} | {3, 4}, and inside the majority the link 1 <-> 2 broke too.
+    let mut g = split(&cluster(5), &[0, 1, 2], &[3, 4]);
+    g.reachability_mut().unreachable(&n(1), &n(2));
+    g.reachability_mut().unreachable(&n(2), &n(1));
+    g.touch(&n(0));
+    let d = decide_on(&g, 0, &cfg(Strategy::KeepMajority));
+    // the clean picture is {0, 1} (2 is downed for the broken link) against {3, 4}: a tie
+    // that n0 (lowest address) wins
+    assert_eq!(d.kind, DecisionKind::DownUnreachable);
+    assert_eq!(d.down, set(&[2, 3, 4]));
+}

@@ -1,0 +1,446 @@
+//! `MembershipNode`: one node's membership state machine.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::downing::{decide, DowningConfig, StabilityTimer};
+use crate::events::diff;
+use crate::gossip::{Gossip, Received};
+use crate::leader::leader_actions;
+use crate::member::{MemberStatus, UniqueAddress};
+use crate::phi::{PhiAccrualDetector, PhiConfig};
+use crate::protocol::{Action, Input};
+use crate::ring;
+
+/// Settings of a [`MembershipNode`].
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node.
+    pub self_node: UniqueAddress,
+    /// Its roles.
+    pub roles: BTreeSet<String>,
+    /// How often a gossip round runs (checked on `Tick`).
+    pub gossip_interval: Duration,
+    /// How often join requests are retried while joining.
+    pub join_retry: Duration,
+    /// The failure detector's settings.
+    pub phi: PhiConfig,
+    /// How many peers monitor each node (Akka: 9).
+    pub monitored_by: usize,
+    /// The split brain resolver's settings.
+    pub downing: DowningConfig,
+    /// Move joining members to `WeaklyUp` after this long without convergence (`None`: never).
+    pub weakly_up_after: Option<Duration>,
+    /// How long the first node of the seed list waits for another seed to answer its join
+    /// requests before it forms a new cluster (Akka's `seed-node-timeout`: 5 s).
+    pub seed_node_timeout: Duration,
+}
+
+impl NodeConfig {
+    /// Defaults for `self_node`: gossip every 1 s, heartbeat detector with a 500 ms estimate
+    /// and a 1.5 s acceptable pause (a stopped node is suspected about 2.5 s after its last
+    /// heartbeat, if heartbeats are sent every 500 ms), keep-majority after 2 s of stability,
+    /// monitoring by 9 peers, weakly-up after 7 s, seed-node timeout 5 s.
+    pub fn new(self_node: UniqueAddress) -> Self {
+        Self {
+            self_node,
+            roles: BTreeSet::new(),
+            gossip_interval: Duration::from_secs(1),
+            join_retry: Duration::from_secs(1),
+            phi: PhiConfig {
+                acceptable_heartbeat_pause: Duration::from_millis(1500),
+                first_heartbeat_estimate: Duration::from_millis(500),
+                ..PhiConfig::default()
+            },
+            monitored_by: 9,
+            downing: DowningConfig::default(),
+            weakly_up_after: Some(Duration::from_secs(7)),
+            seed_node_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One node's membership state machine: feed it [`Input`]s, carry out the [`Action`]s.
+///
+/// It owns the node's view of the [`Gossip`], the failure detectors of the peers it monitors
+/// and the split brain resolver's stability timer. It reads no clock: every input that needs
+/// time carries the instant.
+#[derive(Debug)]
+pub struct MembershipNode {
+    config: NodeConfig,
+    gossip: Gossip,
+    detectors: BTreeMap<UniqueAddress, PhiAccrualDetector>,
+    stability: StabilityTimer,
+    now: u64,
+    next_gossip: u64,
+    gossip_round: usize,
+    seeds: Vec<String>,
+    next_join: u64,
+    form_at: Option<u64>,
+    not_converged_since: Option<u64>,
+    was_member: bool,
+    shut_down: bool,
+}
+
+impl MembershipNode {
+    /// A node that is not a member of anything yet.
+    pub fn new(config: NodeConfig) -> Self {
+        Self {
+            config,
+            gossip: Gossip::new(),
+            detectors: BTreeMap::new(),
+            stability: StabilityTimer::new(),
+            now: 0,
+            next_gossip: 0,
+            gossip_round: 0,
+            seeds: Vec::new(),
+            next_join: 0,
+            form_at: None,
+            not_converged_since: None,
+            was_member: false,
+            shut_down: false,
+        }
+    }
+
+    /// This node.
+    pub fn self_node(&self) -> &UniqueAddress {
+        &self.config.self_node
+    }
+
+    /// The current view of the membership.
+    pub fn gossip(&self) -> &Gossip {
+        &self.gossip
+    }
+
+    /// The status of this node in its own view (`None`: not a member).
+    pub fn status(&self) -> Option<MemberStatus> {
+        self.gossip.member(self.self_node()).map(|m| m.status)
+    }
+
+    /// `true` once the node has asked to be shut down.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down
+    }
+
+    /// The peers whose heartbeats this node checks.
+    pub fn monitored(&self) -> impl Iterator<Item = &UniqueAddress> {
+        self.detectors.keys()
+    }
+
+    /// Handles one input.
+    pub fn handle(&mut self, input: Input) -> Vec<Action> {
+        if self.shut_down {
+            return Vec::new();
+        }
+        let before = self.gossip.clone();
+        let mut out = Vec::new();
+        match input {
+            Input::Gossip(from, g) => self.on_gossip(from, *g, &mut out),
+            Input::HeartbeatTick(now) => {
+                self.advance(now);
+                let nodes = self.ring_nodes();
+                for w in ring::watchers(self.self_node(), &nodes, self.config.monitored_by)
+                    .into_iter()
+                    .chain(self.gossip.reachability().observers_of(self.self_node()))
+                    .collect::<BTreeSet<_>>()
+                {
+                    out.push(Action::SendHeartbeat(w));
+                }
+            }
+            Input::HeartbeatFrom(from, now) => {
+                self.advance(now);
+                if let Some(d) = self.detectors.get_mut(&from) {
+                    d.heartbeat(now);
+                }
+            }
+            Input::Join(node, roles) => self.on_join(node, roles, &mut out),
+            Input::JoinSeeds(seeds) => {
+                // Only the first seed of the list may form a cluster, and only once no other
+                // seed has answered within the seed-node timeout; every other node only joins.
+                // So nodes sharing one seed list never form two clusters, and a restarted
+                // first seed joins the running cluster through the other seeds.
+                let me = self.config.self_node.address.clone();
+                let first = seeds.first() == Some(&me);
+                let others: Vec<String> = seeds.into_iter().filter(|s| s != &me).collect();
+                self.form_at = first.then(|| {
+                    if others.is_empty() {
+                        self.now
+                    } else {
+                        self.now + self.config.seed_node_timeout.as_millis() as u64
+                    }
+                });
+                self.seeds = others;
+                self.next_join = self.now;
+                self.try_join(&mut out);
+            }
+            Input::Leave => {
+                let me = self.self_node().clone();
+                if self.gossip.set_status(&me, MemberStatus::Leaving) == Ok(true) {
+                    self.gossip.touch(&me);
+                    self.gossip_to_all(&mut out);
+                }
+            }
+            Input::Down(node) => {
+                let me = self.self_node().clone();
+                if self.gossip.set_status(&node, MemberStatus::Down) == Ok(true) {
+                    self.gossip.touch(&me);
+                    self.gossip_to_all(&mut out);
+                }
+            }
+            Input::Tick(now) => self.on_tick(now, &mut out),
+        }
+        self.after(&before, &mut out);
+        out
+    }
+
+    fn advance(&mut self, now: u64) {
+        self.now = self.now.max(now);
+    }
+
+    fn is_member(&self) -> bool {
+        self.gossip.member(self.self_node()).is_some()
+    }
+
+    fn ring_nodes(&self) -> BTreeSet<UniqueAddress> {
+        self.gossip
+            .members()
+            .filter(|m| m.status != MemberStatus::Down)
+            .map(|m| m.node.clone())
+            .collect()
+    }
+
+    fn on_join(&mut self, node: UniqueAddress, roles: BTreeSet<String>, out: &mut Vec<Action>) {
+        let me = self.self_node().clone();
+        if node == me && self.gossip.members().next().is_none() {
+            // Form a new cluster.
+            let _ = self.gossip.add_joining(node, roles);
+            self.gossip.touch(&me);
+            self.seeds.clear();
+            self.form_at = None;
+            return;
+        }
+        if !self.is_member() {
+            return;
+        }
+        if self.gossip.add_joining(node.clone(), roles) == Ok(true) {
+            self.gossip.touch(&me);
+        }
+        // Welcome (or remind a retrying joiner): it needs a gossip that contains it.
+        if self.gossip.member(&node).is_some() {
+            out.push(Action::SendGossip(node, Box::new(self.gossip.clone())));
+        }
+    }
+
+    fn try_join(&mut self, out: &mut Vec<Action>) {
+        if self.is_member() || self.was_member {
+            return;
+        }
+        if self.form_at.is_some_and(|at| self.now >= at) {
+            // The first seed, and no other seed answered: form a new cluster.
+            let me = self.self_node().clone();
+            let roles = self.config.roles.clone();
+            self.on_join(me, roles, out);
+            return;
+        }
+        if self.seeds.is_empty() || self.now < self.next_join {
+            return;
+        }
+        self.next_join = self.now + self.config.join_retry.as_millis() as u64;
+        for seed in &self.seeds {
+            out.push(Action::SendJoin(seed.clone()));
+        }
+    }
+
+    fn on_gossip(&mut self, from: UniqueAddress, remote: Gossip, out: &mut Vec<Action>) {
+        let me = self.self_node().clone();
+        if !self.is_member() {
+            // Joining: only a gossip that contains this node is a welcome.
+            if remote.member(&me).is_some() {
+                self.gossip = remote;
+                self.gossip.mark_seen(&me);
+                self.seeds.clear();
+                self.form_at = None;
+            }
+            return;
+        }
+        let sender_dead = self.gossip.tombstones().contains(&from)
+            || self
+                .gossip
+                .member(&from)
+                .is_some_and(|m| m.status == MemberStatus::Down);
+        if sender_dead {
+            // A removed or downed incarnation: tell it, never take its view.
+            out.push(Action::SendGossip(from, Box::new(self.gossip.clone())));
+            return;
+        }
+        if self.gossip.member(&from).is_none() || remote.member(&from).is_none() {
+            return; // a node we do not know (yet), or another cluster
+        }
+        if remote.member(&me).is_none() && !remote.tombstones().contains(&me) {
+            return; // the sender does not know us yet; it will
+        }
+        let sender_saw_us = remote.has_seen(&me);
+        let outcome = self.gossip.receive(&remote, &me);
+        let reply = match outcome {
+            Received::Older | Received::Merged => true,
+            Received::Newer | Received::Same => !sender_saw_us,
+        };
+        if reply && self.is_member() {
+            out.push(Action::SendGossip(from, Box::new(self.gossip.clone())));
+        }
+    }
+
+    fn on_tick(&mut self, now: u64, out: &mut Vec<Action>) {
+        self.advance(now);
+        if !self.is_member() {
+            self.try_join(out);
+            return;
+        }
+        let me = self.self_node().clone();
+        self.check_reachability(now);
+        // Split brain resolver: only the leader of this side applies a decision.
+        let stable_for = self.stability.observe(&self.gossip, now);
+        if self.gossip.leader(&me).as_ref() == Some(&me) {
+            if let Some(d) = decide(&self.gossip, &me, stable_for, &self.config.downing) {
+                let mut changed = false;
+                for n in &d.down {
+                    changed |= self.gossip.set_status(n, MemberStatus::Down) == Ok(true);
+                }
+                if changed {
+                    self.gossip.touch(&me);
+                    self.gossip_to_all(out);
+                }
+            }
+        }
+        // Leader actions.
+        let converged = self.gossip.convergence(&me);
+        if converged {
+            self.not_converged_since = None;
+        } else if self.not_converged_since.is_none() {
+            self.not_converged_since = Some(now);
+        }
+        let weakly_up = match (self.config.weakly_up_after, self.not_converged_since) {
+            (Some(after), Some(since)) => now.saturating_sub(since) >= after.as_millis() as u64,
+            _ => false,
+        };
+        let removed_before: BTreeSet<_> = self.gossip.tombstones().clone();
+        if !leader_actions(&mut self.gossip, &me, weakly_up).is_empty() {
+            // Removed members get one last gossip so they learn it.
+            for t in self.gossip.tombstones().difference(&removed_before) {
+                out.push(Action::SendGossip(t.clone(), Box::new(self.gossip.clone())));
+            }
+            self.gossip_to_all(out);
+        }
+        // Gossip round.
+        if now >= self.next_gossip {
+            self.next_gossip = now + self.config.gossip_interval.as_millis() as u64;
+            if let Some(to) = self.gossip_target() {
+                out.push(Action::SendGossip(to, Box::new(self.gossip.clone())));
+            }
+        }
+    }
+
+    fn check_reachability(&mut self, now: u64) {
+        let me = self.self_node().clone();
+        let mut changed = false;
+        for (peer, d) in &self.detectors {
+            let flagged = self.gossip.reachability().is_unreachable_by(&me, peer);
+            let available = d.is_available(now);
+            if available && flagged {
+                changed |= self.gossip.reachability_mut().reachable(&me, peer);
+            } else if !available && !flagged {
+                changed |= self.gossip.reachability_mut().unreachable(&me, peer);
+            }
+        }
+        if changed {
+            self.gossip.touch(&me);
+        }
+    }
+
+    fn gossip_target(&mut self) -> Option<UniqueAddress> {
+        let me = self.self_node();
+        let candidates: Vec<&UniqueAddress> = self
+            .gossip
+            .members()
+            .filter(|m| &m.node != me && m.status != MemberStatus::Down)
+            .filter(|m| self.gossip.is_reachable(&m.node))
+            .map(|m| &m.node)
+            .collect();
+        let unseen: Vec<&UniqueAddress> = candidates
+            .iter()
+            .copied()
+            .filter(|n| !self.gossip.has_seen(n))
+            .collect();
+        let pool = if unseen.is_empty() {
+            candidates
+        } else {
+            unseen
+        };
+        if pool.is_empty() {
+            return None;
+        }
+        self.gossip_round = self.gossip_round.wrapping_add(1);
+        Some(pool[self.gossip_round % pool.len()].clone())
+    }
+
+    fn gossip_to_all(&self, out: &mut Vec<Action>) {
+        let me = self.self_node();
+        for m in self.gossip.members() {
+            if &m.node != me && self.gossip.is_reachable(&m.node) {
+                out.push(Action::SendGossip(
+                    m.node.clone(),
+                    Box::new(self.gossip.clone()),
+                ));
+            }
+        }
+    }
+
+    /// After every input: events, detectors for the new ring, and shutting down when this
+    /// node is out.
+    fn after(&mut self, before: &Gossip, out: &mut Vec<Action>) {
+        let me = self.self_node().clone();
+        if &self.gossip != before {
+            for e in diff(before, &self.gossip, &me) {
+                out.push(Action::Event(e));
+            }
+            self.update_detectors();
+        }
+        let status = self.status();
+        if status.is_some() {
+            self.was_member = true;
+        }
+        let out_of_cluster = matches!(status, Some(MemberStatus::Down | MemberStatus::Exiting))
+            || (self.was_member && status.is_none());
+        if out_of_cluster {
+            self.shut_down = true;
+            out.push(Action::ShutdownSelf);
+        }
+    }
+
+    fn update_detectors(&mut self) {
+        let me = self.self_node().clone();
+        let nodes = self.ring_nodes();
+        let mut wanted = ring::monitored(&me, &nodes, self.config.monitored_by);
+        // Keep watching what we flagged: only we can clear our own flag.
+        if let Some(rows) = self.gossip.reachability().rows(&me) {
+            wanted.extend(
+                rows.unreachable
+                    .iter()
+                    .filter(|n| nodes.contains(*n))
+                    .cloned(),
+            );
+        }
+        self.detectors.retain(|n, _| wanted.contains(n));
+        for n in wanted {
+            let now = self.now;
+            let phi = self.config.phi.clone();
+            self.detectors.entry(n).or_insert_with(|| {
+                // Start as if a heartbeat had just arrived, so a peer that never sends one is
+                // still detected.
+                let mut d = PhiAccrualDetector::new(phi);
+                d.heartbeat(now);
+                d
+            });
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The phi accrual failure detector (Hayashibara et al.), as Akka computes it.
+//!
+//! Instead of a yes/no timeout the detector gives a suspicion level, `phi`, from the history of
+//! heartbeat inter-arrival times: `phi = -log10(1 - F(elapsed))` where `F` is the normal CDF
+//! with mean = mean interval + acceptable pause and standard deviation = max(measured, minimum).
+//! `F` uses Akka's logistic approximation. A node is suspected once `phi >= threshold`.
+//! Time is passed in: instants are milliseconds since any fixed epoch.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Settings of a [`PhiAccrualDetector`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhiConfig {
+    /// Suspect a node once phi reaches this (Akka: 8).
+    pub threshold: f64,
+    /// Heartbeat intervals kept (Akka: 1000).
+    pub max_sample_size: usize,
+    /// The standard deviation never goes below this, so very regular heartbeats do not make
+    /// the detector hair-triggered (Akka: 100 ms).
+    pub min_std_deviation: Duration,
+    /// Added to the mean interval: pauses this long (GC, a busy machine) are tolerated
+    /// (Akka: 3 s).
+    pub acceptable_heartbeat_pause: Duration,
+    /// The expected interval, used to seed the history at the first heartbeat (Akka: the
+    /// heartbeat interval, 1 s).
+    pub first_heartbeat_estimate: Duration,
+}
+
+impl Default for PhiConfig {
+    /// Akka's defaults: threshold 8, 1000 samples, 100 ms, 3 s, 1 s. A heartbeat lost for good
+    /// is suspected about 4.5 s after the last one arrived.
+    fn default() -> Self {
+        Self {
+            threshold: 8.0,
+            max_sample_size: 1000,
+            min_std_deviation: Duration::from_millis(100),
+            acceptable_heartbeat_pause: Duration::from_secs(3),
+            first_heartbeat_estimate: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `phi` for `elapsed` ms given the mean and standard deviation (ms) of the distribution.
+///
+/// ```
+/// let p = shardik_cluster::phi::phi(1000.0, 1000.0, 250.0);
+/// assert!((p - 0.30103).abs() < 1e-5); // -log10(1/2): as late as the mean
+/// ```
+pub fn phi(elapsed: f64, mean: f64, std_deviation: f64) -> f64 {
+    let y = (elapsed - mean) / std_deviation;
+    let e = (-y * (1.5976 + 0.070566 * y * y)).exp();
+    if elapsed > mean {
+        -(e / (1.0 + e)).log10()
+    } else {
+        -(1.0 - 1.0 / (1.0 + e)).log10()
+    }
+}
+
+/// One monitored node's detector.
+///
+/// ```
+/// use shardik_cluster::phi::{PhiAccrualDetector, PhiConfig};
+///
+/// let mut d = PhiAccrualDetector::new(PhiConfig::default());
+/// for t in 0..10 {
+///     d.heartbeat(t * 1000);
+/// }
+/// assert!(d.is_available(10_000));
+/// assert!(!d.is_available(20_000));
+/// ```
+#[derive(Clone, Debug)]
+pub struct PhiAccrualDetector {
+    config: PhiConfig,
+    intervals: VecDeque<u64>,
+    sum: f64,
+    sum_sq: f64,
+    last: Option<u64>,
+}
+
+impl PhiAccrualDetector {
+    /// A detector that has seen no heartbeat yet (phi 0).
+    pub fn new(config: PhiConfig) -> Self {
+        Self {
+            config,
+            intervals: VecDeque::new(),
+            sum: 0.0,
+            sum_sq: 0.0,
+            last: None,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PhiConfig {
+        &self.config
+    }
+
+    /// A heartbeat arrived at `now` (ms).
+    pub fn heartbeat(&mut self, now: u64) {
+        match self.last {
+            None => {
+                // Seed with the estimate: mean = estimate, std-dev = estimate / 4.
+                let mean = self.config.first_heartbeat_estimate.as_millis() as u64;
+                let sd = mean / 4;
+                self.push(mean - sd);
+                self.push(mean + sd);
+            }
+            Some(last) => {
+                if now >= last {
+                    self.push(now - last);
+                }
+            }
+        }
+        self.last = Some(self.last.map_or(now, |l| l.max(now)));
+    }
+
+    fn push(&mut self, interval: u64) {
+        if self.intervals.len() >= self.config.max_sample_size.max(1) {
+            if let Some(old) = self.intervals.pop_front() {
+                self.sum -= old as f64;
+                self.sum_sq -= (old as f64) * (old as f64);
+            }
+        }
+        self.intervals.push_back(interval);
+        self.sum += interval as f64;
+        self.sum_sq += (interval as f64) * (interval as f64);
+    }
+
+    /// The mean heartbeat interval (ms) of the history.
+    pub fn mean(&self) -> f64 {
+        if self.intervals.is_empty() {
+            0.0
+        } else {
+            self.sum / self.intervals.len() as f64
+        }
+    }
+
+    /// The standard deviation (ms) of the history (population).
+    pub fn std_deviation(&self) -> f64 {
+        if self.intervals.is_empty() {
+            return 0.0;
+        }
+        let n = self.intervals.len() as f64;
+        let mean = self.sum / n;
+        (self.sum_sq / n - mean * mean).max(0.0).sqrt()
+    }
+
+    /// The suspicion level at `now` (ms); 0 before the first heartbeat.
+    pub fn phi(&self, now: u64) -> f64 {
+        let Some(last) = self.last else {
+            return 0.0;
+        };
+        let elapsed = now.saturating_sub(last) as f64;
+        let mean = self.mean() + self.config.acceptable_heartbeat_pause.as_millis() as f64;
+        let sd = self
+            .std_deviation()
+            .max(self.config.min_std_deviation.as_millis() as f64);
+        phi(elapsed, mean, sd)
+    }
+
+    /// `true` while phi is below the threshold.
+    pub fn is_available(&self, now: u64) -> bool {
+        self.phi(now) < self.config.threshold
+    }
+
+    /// `true` once a heartbeat has arrived.
+    pub fn is_monitoring(&self) -> bool {
+        self.last.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() < 1e-4, "{a} != {b}");
+    }
+
+    fn cfg(pause_ms: u64, min_sd_ms: u64) -> PhiConfig {
+        PhiConfig {
+            acceptable_heartbeat_pause: Duration::from_millis(pause_ms),
+            min_std_deviation: Duration::from_millis(min_sd_ms),
+            ..PhiConfig::default()
+        }
+    }
+
+    #[test]
+    fn formula_matches_hand_computed_values() {
+        // y = 0: F = 1/2
+        close(phi(1000.0, 1000.0, 250.0), std::f64::consts::LOG10_2);
+        // y = 2: e = exp(-2 (1.5976 + 0.070566 * 4)) = 0.023290; -log10(e / (1 + e)) = 1.64283
+        close(phi(1500.0, 1000.0, 250.0), 1.642_83);
+        // y = -2: -log10(1 - 1 / (1 + 1/e)) = 0.0099988
+        close(phi(500.0, 1000.0, 250.0), 0.009_998_8);
+    }
+
+    #[test]
+    fn first_heartbeat_seeds_history_with_the_estimate() {
+        let mut d = PhiAccrualDetector::new(cfg(0, 100));
+        assert_eq!(d.phi(5_000), 0.0, "no heartbeat yet");
+        d.heartbeat(10_000);
+        close(d.mean(), 1000.0);
+        close(d.std_deviation(), 250.0);
+        close(d.phi(11_000), std::f64::consts::LOG10_2);
+        close(d.phi(11_500), 1.642_83);
+    }
+
+    #[test]
+    fn detector_values_follow_history() {
+        let mut d = PhiAccrualDetector::new(cfg(0, 100));
+        d.heartbeat(0);
+        d.heartbeat(1000);
+        d.heartbeat(2000);
+        // samples 750, 1250, 1000, 1000: mean 1000, sd sqrt(31250) = 176.78
+        close(d.mean(), 1000.0);
+        close(d.std_deviation(), 176.776_7);
+        close(d.phi(3200), 0.889_35);
+    }
+
+    #[test]
+    fn acceptable_pause_shifts_the_mean_and_min_sd_applies() {
+        let mut d = PhiAccrualDetector::new(cfg(3000, 100));
+        for t in 0..=200u64 {
+            d.heartbeat(t * 1000);
+        }
+        // the two seed samples keep the measured sd near 35 ms, under the 100 ms minimum
+        assert!(d.std_deviation() < 100.0);
+        let sd = 100.0;
+        close(d.phi(200_000 + 4300), phi(4300.0, d.mean() + 3000.0, sd));
+        // a 3 s pause is not suspected, 5 s is
+        assert!(d.is_available(200_000 + 4000));
+        assert!(!d.is_available(200_000 + 5000));
+    }
+
+    #[test]
+    fn phi_rises_during_a_pause() {
+        let mut d = PhiAccrualDetector::new(PhiConfig::default());
+        for t in 0..20u64 {
+            d.heartbeat(t * 1000);
+        }
+        let last = 19_000;
+        let mut prev = -1.0;
+        for dt in (0..=8000).step_by(250) {
+            let p = d.phi(last + dt);
+            assert!(p >= prev, "phi fell at {dt}: {p} < {prev}");
+            prev = p;
+        }
+        assert!(prev >= 8.0);
+    }
+
+    #[test]
+    fn acceptable_pause_suppresses_suspicion() {
+        let mut strict = PhiAccrualDetector::new(cfg(0, 100));
+        let mut lenient = PhiAccrualDetector::new(cfg(3000, 100));
+        for t in 0..20u64 {
+            strict.heartbeat(t * 1000);
+            lenient.heartbeat(t * 1000);
+        }
+        let at = 19_000 + 2500;
+        assert!(!strict.is_available(at));
+        assert!(lenient.is_available(at));
+        assert!(lenient.phi(at) < 0.1);
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let mut d = PhiAccrualDetector::new(PhiConfig {
+            max_sample_size: 3,
+            ..cfg(0, 1)
+        });
+        d.heartbeat(0);
+        for t in 1..=10u64 {
+            d.heartbeat(t * 200);
+        }
+        close(d.mean(), 200.0);
+        close(d.std_deviation(), 0.0);
+    }
+
+    #[test]
+    fn default_detects_a_stop_in_about_four_and_a_half_seconds() {
+        let mut d = PhiAccrualDetector::new(PhiConfig::default());
+        for t in 0..=1000u64 {
+            d.heartbeat(t * 1000);
+        }
+        let last = 1_000_000;
+        let first_suspect = (0..10_000u64)
+            .step_by(10)
+            .find(|dt| !d.is_available(last + dt))
+            .unwrap();
+        assert!((4400..=4600).contains(&first_suspect), "{first_suspect}");
+    }
+}

@@ -1,0 +1,48 @@
+//! What goes into a [`MembershipNode`](crate::node::MembershipNode) and what comes out.
+
+use std::collections::BTreeSet;
+
+use crate::events::ClusterEvent;
+use crate::gossip::Gossip;
+use crate::member::UniqueAddress;
+
+/// An input to the membership state machine. Instants are milliseconds since a fixed epoch.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// A gossip arrived from a node.
+    Gossip(UniqueAddress, Box<Gossip>),
+    /// Time to send heartbeats (every heartbeat interval).
+    HeartbeatTick(u64),
+    /// A heartbeat arrived from a node at the given instant.
+    HeartbeatFrom(UniqueAddress, u64),
+    /// A join request arrived from a node, with its roles. Sent to itself, it forms a new
+    /// cluster.
+    Join(UniqueAddress, BTreeSet<String>),
+    /// Join an existing cluster through these seed addresses: a join request goes to every
+    /// seed other than this node, again every `join_retry` on `Tick`, until a gossip that
+    /// contains this node arrives. If this node is the first of the list, it forms a new
+    /// cluster once `seed_node_timeout` has passed without such an answer (at once if it is
+    /// the only seed); any other node never forms one.
+    JoinSeeds(Vec<String>),
+    /// Leave the cluster gracefully.
+    Leave,
+    /// Operator decision: mark a node `Down`.
+    Down(UniqueAddress),
+    /// Periodic tick: gossip, reachability, leader actions, downing.
+    Tick(u64),
+}
+
+/// Something the IO layer must do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Send the gossip to a node.
+    SendGossip(UniqueAddress, Box<Gossip>),
+    /// Send a heartbeat to a node (on the control lane).
+    SendHeartbeat(UniqueAddress),
+    /// Send a join request with this node's roles to the node at an address.
+    SendJoin(String),
+    /// Publish an event to subscribers.
+    Event(ClusterEvent),
+    /// This node is `Down`, `Exiting` or removed: stop the process (or the cluster part).
+    ShutdownSelf,
+}

@@ -1,0 +1,482 @@
+//! [`ClusterConfig`]: what a node needs to run in a cluster.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use shardik_remote::{FaultInjector, RemoteConfig, TlsConfig};
+
+use crate::downing::{DowningConfig, Strategy};
+use crate::member::UniqueAddress;
+use crate::node::NodeConfig;
+use crate::phi::PhiConfig;
+
+/// Settings of one cluster node. Build with [`ClusterConfig::new`] and the setters; every
+/// node of a cluster runs with the same settings except its node id and address.
+///
+/// The transport settings (bind and advertised address, shared secret, TLS, queue sizes,
+/// fault injection for tests) live in the embedded [`RemoteConfig`]; the cluster name is the
+/// one the remote handshake checks, so nodes of another cluster are refused before any
+/// message is read.
+///
+/// ```
+/// use std::time::Duration;
+/// use shardik_cluster::runtime::ClusterConfig;
+///
+/// let cfg = ClusterConfig::new("orders", "node-1")
+///     .bind("0.0.0.0:2552")
+///     .advertise("10.0.0.5:2552")
+///     .secret(b"a long random shared secret, 32+ bytes".to_vec())
+///     .seed_nodes(["10.0.0.5:2552", "10.0.0.6:2552", "10.0.0.7:2552"])
+///     .role("backend")
+///     .acceptable_heartbeat_pause(Duration::from_secs(3)); // a busier network: slower, safer
+/// cfg.validate().unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Transport settings; `remote.cluster` is the cluster name, `remote.node_id` the node id.
+    pub remote: RemoteConfig,
+    /// This node's roles.
+    pub roles: BTreeSet<String>,
+    /// Addresses (`host:port`, as advertised) of the seed nodes, the same list on every node.
+    /// The first one forms a new cluster when none of the others answers (see
+    /// [`Cluster::start`](super::Cluster::start)); an empty list makes this node form a
+    /// cluster of its own at once.
+    pub seed_nodes: Vec<String>,
+    /// How long the first seed node waits for another seed to answer before it forms a new
+    /// cluster (default 5 s, Akka's `seed-node-timeout`). Seeds that answer "not a member"
+    /// shorten the wait: once all have, it forms at once.
+    pub seed_timeout: Duration,
+    /// How often the membership state machine ticks (default 100 ms): gossip rounds,
+    /// failure-detector checks, leader actions and downing decisions are taken on ticks.
+    pub tick_interval: Duration,
+    /// How often heartbeats are sent to the nodes that monitor this one (default 250 ms,
+    /// twice as often as the core's 500 ms example: a crashed node's last heartbeat is then
+    /// at most 250 ms old, which keeps crash-to-`Down` under 5 s in the worst case; see
+    /// `docs/cluster.md`). [`ClusterConfig::heartbeat_interval`] also sets the detector's
+    /// first estimate.
+    pub heartbeat_interval: Duration,
+    /// How often a gossip round runs (default 1 s).
+    pub gossip_interval: Duration,
+    /// How often join requests are retried while joining (default 1 s).
+    pub join_retry: Duration,
+    /// The phi accrual failure detector (default: threshold 8, 1.5 s acceptable pause,
+    /// 100 ms minimum standard deviation, 1000 samples, first estimate = the heartbeat
+    /// interval).
+    pub phi: PhiConfig,
+    /// How many peers monitor each node (default 9).
+    pub monitored_by: usize,
+    /// The split brain resolver (default keep-majority after 2 s of stability).
+    pub downing: DowningConfig,
+    /// Move joining members to `WeaklyUp` after this long without convergence (default 7 s;
+    /// `None`: never).
+    pub weakly_up_after: Option<Duration>,
+    /// Also shut the actor system down when this node leaves the cluster (left, downed,
+    /// removed). Default `false`: the cluster layer and remoting stop, local actors go on.
+    pub stop_system_on_exit: bool,
+}
+
+/// Why a [`ClusterConfig`] was refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// The cluster name is empty.
+    #[error("the cluster name must not be empty")]
+    EmptyClusterName,
+    /// The node id is empty.
+    #[error("the node id must not be empty")]
+    EmptyNodeId,
+    /// A seed node address is not `host:port`.
+    #[error("seed node address {0:?} is not host:port")]
+    BadSeedAddress(String),
+    /// A seed node appears twice.
+    #[error("seed node {0:?} is listed twice")]
+    DuplicateSeed(String),
+    /// An interval that must be positive is zero.
+    #[error("{0} must be positive")]
+    ZeroDuration(&'static str),
+    /// The tick must be at most the heartbeat and gossip intervals.
+    #[error("tick_interval ({tick:?}) must not exceed heartbeat_interval and gossip_interval")]
+    TickTooSlow {
+        /// The tick interval.
+        tick: Duration,
+    },
+    /// The phi threshold must be a positive number.
+    #[error("the phi threshold must be a positive number, not {0}")]
+    BadPhiThreshold(f64),
+    /// The failure detector must keep at least one sample.
+    #[error("phi max_sample_size must be at least 1")]
+    NoSamples,
+    /// The acceptable pause must be at least the heartbeat interval, or every late
+    /// heartbeat would be suspected.
+    #[error("acceptable_heartbeat_pause ({pause:?}) must be at least heartbeat_interval ({heartbeat:?})")]
+    PauseShorterThanHeartbeat {
+        /// The acceptable pause.
+        pause: Duration,
+        /// The heartbeat interval.
+        heartbeat: Duration,
+    },
+    /// At least one peer must monitor each node.
+    #[error("monitored_by must be at least 1")]
+    NoMonitors,
+    /// A static quorum of zero.
+    #[error("the static quorum size must be at least 1")]
+    ZeroQuorum,
+    /// The remote layer's idle timeout would close connections between heartbeats.
+    #[error("the remote idle_timeout ({idle:?}) must exceed heartbeat_interval ({heartbeat:?})")]
+    IdleTimeoutTooShort {
+        /// The remote idle timeout.
+        idle: Duration,
+        /// The cluster heartbeat interval.
+        heartbeat: Duration,
+    },
+}
+
+impl ClusterConfig {
+    /// A node `node_id` of cluster `cluster`, listening on `127.0.0.1:0`, with no seed nodes,
+    /// no secret and the defaults documented on each field.
+    pub fn new(cluster: impl Into<String>, node_id: impl Into<String>) -> Self {
+        Self::with_remote(RemoteConfig::new(node_id, cluster))
+    }
+
+    /// A configuration on top of a prepared [`RemoteConfig`] (its node id and cluster name
+    /// are used), with the cluster defaults.
+    pub fn with_remote(remote: RemoteConfig) -> Self {
+        let core = NodeConfig::new(UniqueAddress::new("", "", 0));
+        ClusterConfig {
+            remote,
+            roles: BTreeSet::new(),
+            seed_nodes: Vec::new(),
+            seed_timeout: Duration::from_secs(5),
+            tick_interval: Duration::from_millis(100),
+            heartbeat_interval: Duration::from_millis(250),
+            gossip_interval: core.gossip_interval,
+            join_retry: core.join_retry,
+            phi: PhiConfig {
+                first_heartbeat_estimate: Duration::from_millis(250),
+                ..core.phi
+            },
+            monitored_by: core.monitored_by,
+            downing: core.downing,
+            weakly_up_after: core.weakly_up_after,
+            stop_system_on_exit: false,
+        }
+    }
+
+    /// The cluster name.
+    pub fn cluster_name(&self) -> &str {
+        &self.remote.cluster
+    }
+
+    /// The node id.
+    pub fn node_id(&self) -> &str {
+        &self.remote.node_id
+    }
+
+    /// Sets the listen address (port 0 picks a free port).
+    pub fn bind(mut self, addr: impl Into<String>) -> Self {
+        self.remote.bind = addr.into();
+        self
+    }
+
+    /// Sets the address other nodes reach this one at (default: the bound address).
+    pub fn advertise(mut self, addr: impl Into<String>) -> Self {
+        self.remote.advertise = Some(addr.into());
+        self
+    }
+
+    /// Sets the shared secret of the handshake (use 32+ random bytes, the same everywhere).
+    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.remote = self.remote.secret(secret);
+        self
+    }
+
+    /// Turns on mutual TLS.
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.remote = self.remote.tls(tls);
+        self
+    }
+
+    /// Installs a fault injector shared with the other nodes of a test.
+    pub fn faults(mut self, faults: FaultInjector) -> Self {
+        self.remote = self.remote.faults(faults);
+        self
+    }
+
+    /// Replaces the transport settings (node id and cluster name included).
+    pub fn remote(mut self, remote: RemoteConfig) -> Self {
+        self.remote = remote;
+        self
+    }
+
+    /// Adds a role.
+    pub fn role(mut self, role: impl Into<String>) -> Self {
+        self.roles.insert(role.into());
+        self
+    }
+
+    /// Sets the seed node addresses.
+    pub fn seed_nodes<I, S>(mut self, seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.seed_nodes = seeds.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets how long the first seed waits for the others before forming a cluster.
+    pub fn seed_timeout(mut self, d: Duration) -> Self {
+        self.seed_timeout = d;
+        self
+    }
+
+    /// Sets the tick interval of the membership state machine.
+    pub fn tick_interval(mut self, d: Duration) -> Self {
+        self.tick_interval = d;
+        self
+    }
+
+    /// Sets the heartbeat interval (also the detector's first estimate).
+    pub fn heartbeat_interval(mut self, d: Duration) -> Self {
+        self.heartbeat_interval = d;
+        self.phi.first_heartbeat_estimate = d;
+        self
+    }
+
+    /// Sets the gossip interval.
+    pub fn gossip_interval(mut self, d: Duration) -> Self {
+        self.gossip_interval = d;
+        self
+    }
+
+    /// Sets the join retry interval.
+    pub fn join_retry(mut self, d: Duration) -> Self {
+        self.join_retry = d;
+        self
+    }
+
+    /// Sets the phi threshold.
+    pub fn phi_threshold(mut self, threshold: f64) -> Self {
+        self.phi.threshold = threshold;
+        self
+    }
+
+    /// Sets the pause the failure detector tolerates on top of the mean heartbeat interval.
+    pub fn acceptable_heartbeat_pause(mut self, d: Duration) -> Self {
+        self.phi.acceptable_heartbeat_pause = d;
+        self
+    }
+
+    /// Sets the failure detector's minimum standard deviation.
+    pub fn min_std_deviation(mut self, d: Duration) -> Self {
+        self.phi.min_std_deviation = d;
+        self
+    }
+
+    /// Sets how many heartbeat intervals the failure detector keeps.
+    pub fn max_sample_size(mut self, n: usize) -> Self {
+        self.phi.max_sample_size = n;
+        self
+    }
+
+    /// Sets how many peers monitor each node.
+    pub fn monitored_by(mut self, n: usize) -> Self {
+        self.monitored_by = n;
+        self
+    }
+
+    /// Sets the downing strategy.
+    pub fn downing_strategy(mut self, strategy: Strategy) -> Self {
+        self.downing.strategy = strategy;
+        self
+    }
+
+    /// Sets how long membership must be stable before the split brain resolver decides.
+    pub fn stable_after(mut self, d: Duration) -> Self {
+        self.downing.stable_after = d;
+        self
+    }
+
+    /// Counts only members with this role in downing decisions.
+    pub fn downing_role(mut self, role: impl Into<String>) -> Self {
+        self.downing.role = Some(role.into());
+        self
+    }
+
+    /// Sets (or turns off) the weakly-up delay.
+    pub fn weakly_up_after(mut self, d: Option<Duration>) -> Self {
+        self.weakly_up_after = d;
+        self
+    }
+
+    /// Also shut the actor system down when this node leaves the cluster.
+    pub fn stop_system_on_exit(mut self, yes: bool) -> Self {
+        self.stop_system_on_exit = yes;
+        self
+    }
+
+    /// Checks the settings; [`Cluster::start`](super::Cluster::start) does it too. The
+    /// transport settings are checked by the remote layer when it starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.remote.cluster.is_empty() {
+            return Err(ConfigError::EmptyClusterName);
+        }
+        if self.remote.node_id.is_empty() {
+            return Err(ConfigError::EmptyNodeId);
+        }
+        let mut seen = BTreeSet::new();
+        for s in &self.seed_nodes {
+            let ok = s
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                return Err(ConfigError::BadSeedAddress(s.clone()));
+            }
+            if !seen.insert(s) {
+                return Err(ConfigError::DuplicateSeed(s.clone()));
+            }
+        }
+        for (name, d) in [
+            ("seed_timeout", self.seed_timeout),
+            ("tick_interval", self.tick_interval),
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("gossip_interval", self.gossip_interval),
+            ("join_retry", self.join_retry),
+            (
+                "first_heartbeat_estimate",
+                self.phi.first_heartbeat_estimate,
+            ),
+            ("min_std_deviation", self.phi.min_std_deviation),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration(name));
+            }
+        }
+        if self.tick_interval > self.heartbeat_interval || self.tick_interval > self.gossip_interval
+        {
+            return Err(ConfigError::TickTooSlow {
+                tick: self.tick_interval,
+            });
+        }
+        if !(self.phi.threshold.is_finite() && self.phi.threshold > 0.0) {
+            return Err(ConfigError::BadPhiThreshold(self.phi.threshold));
+        }
+        if self.phi.max_sample_size == 0 {
+            return Err(ConfigError::NoSamples);
+        }
+        if self.phi.acceptable_heartbeat_pause < self.heartbeat_interval {
+            return Err(ConfigError::PauseShorterThanHeartbeat {
+                pause: self.phi.acceptable_heartbeat_pause,
+                heartbeat: self.heartbeat_interval,
+            });
+        }
+        if self.monitored_by == 0 {
+            return Err(ConfigError::NoMonitors);
+        }
+        if self.downing.strategy == (Strategy::StaticQuorum { quorum_size: 0 }) {
+            return Err(ConfigError::ZeroQuorum);
+        }
+        if self.remote.idle_timeout <= self.heartbeat_interval {
+            return Err(ConfigError::IdleTimeoutTooShort {
+                idle: self.remote.idle_timeout,
+                heartbeat: self.heartbeat_interval,
+            });
+        }
+        Ok(())
+    }
+
+    /// The settings of the membership state machine for `self_node`.
+    pub fn node_config(&self, self_node: UniqueAddress) -> NodeConfig {
+        let mut c = NodeConfig::new(self_node);
+        c.roles = self.roles.clone();
+        c.gossip_interval = self.gossip_interval;
+        c.join_retry = self.join_retry;
+        c.phi = self.phi.clone();
+        c.monitored_by = self.monitored_by;
+        c.downing = self.downing.clone();
+        c.weakly_up_after = self.weakly_up_after;
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_core() {
+        let c = ClusterConfig::new("c", "n");
+        c.validate().unwrap();
+        let core = NodeConfig::new(UniqueAddress::new("h:1", "n", 1));
+        let n = c.node_config(UniqueAddress::new("h:1", "n", 1));
+        // Only the heartbeat is faster than the core's example (250 ms instead of 500 ms).
+        assert_eq!(
+            n.phi,
+            PhiConfig {
+                first_heartbeat_estimate: Duration::from_millis(250),
+                ..core.phi
+            }
+        );
+        assert_eq!(n.downing, core.downing);
+        assert_eq!(n.gossip_interval, core.gossip_interval);
+        assert_eq!(n.join_retry, core.join_retry);
+        assert_eq!(n.monitored_by, core.monitored_by);
+        assert_eq!(n.weakly_up_after, core.weakly_up_after);
+        assert_eq!(c.heartbeat_interval, n.phi.first_heartbeat_estimate);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_a_clear_error() {
+        let c = || ClusterConfig::new("c", "n");
+        assert_eq!(
+            ClusterConfig::new("", "n").validate(),
+            Err(ConfigError::EmptyClusterName)
+        );
+        assert_eq!(
+            ClusterConfig::new("c", "").validate(),
+            Err(ConfigError::EmptyNodeId)
+        );
+        assert_eq!(
+            c().seed_nodes(["localhost"]).validate(),
+            Err(ConfigError::BadSeedAddress("localhost".into()))
+        );
+        assert_eq!(
+            c().seed_nodes(["h:1", "h:1"]).validate(),
+            Err(ConfigError::DuplicateSeed("h:1".into()))
+        );
+        assert_eq!(
+            c().tick_interval(Duration::ZERO).validate(),
+            Err(ConfigError::ZeroDuration("tick_interval"))
+        );
+        assert!(matches!(
+            c().tick_interval(Duration::from_secs(2)).validate(),
+            Err(ConfigError::TickTooSlow { .. })
+        ));
+        assert_eq!(
+            c().phi_threshold(f64::NAN)
+                .validate()
+                .unwrap_err()
+                .to_string(),
+            "the phi threshold must be a positive number, not NaN"
+        );
+        assert!(matches!(
+            c().acceptable_heartbeat_pause(Duration::from_millis(100))
+                .validate(),
+            Err(ConfigError::PauseShorterThanHeartbeat { .. })
+        ));
+        assert_eq!(c().monitored_by(0).validate(), Err(ConfigError::NoMonitors));
+        assert_eq!(
+            c().downing_strategy(Strategy::StaticQuorum { quorum_size: 0 })
+                .validate(),
+            Err(ConfigError::ZeroQuorum)
+        );
+        assert!(matches!(
+            c().heartbeat_interval(Duration::from_secs(10))
+                .acceptable_heartbeat_pause(Duration::from_secs(20))
+                .validate(),
+            Err(ConfigError::IdleTimeoutTooShort { .. })
+        ));
+        c().seed_nodes(["10.0.0.1:2552", "[::1]:2552"])
+            .validate()
+            .unwrap();
+    }
+}

@@ -1,0 +1,457 @@
+//! The driver task: owns the [`MembershipNode`], feeds it ticks and arriving messages, and
+//! carries out its actions over the remote layer.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use shardik_actor::ActorSystem;
+use shardik_remote::{DecodeError, Decoder, Remote, RemoteRef, SendError};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::cluster::{ClusterState, Command, Event, Shared, StopReason};
+use super::config::ClusterConfig;
+use super::wire::{Body, WireMsg, PATH};
+use crate::events::ClusterEvent;
+use crate::member::{MemberStatus, UniqueAddress};
+use crate::node::MembershipNode;
+use crate::protocol::{Action, Input};
+
+/// Cluster messages waiting for the driver; beyond this, arriving ones are dropped (the
+/// protocol repeats everything it needs).
+const INBOX: usize = 8 * 1024;
+
+/// How this node finds its way into a cluster.
+#[derive(Debug)]
+enum Seeding {
+    /// A member (or formed one): nothing left to do.
+    Done,
+    /// The first seed node: asks the other seeds; forms a new cluster when all of them
+    /// answered "not a member", or at the deadline if some did not answer at all.
+    FirstSeed {
+        pending: BTreeSet<String>,
+        deadline: u64,
+    },
+    /// Any other node: asks the seeds until one that is a member answers, and joins it.
+    Seek,
+}
+
+struct Driver {
+    system: ActorSystem,
+    remote: Remote,
+    cfg: ClusterConfig,
+    me: UniqueAddress,
+    node: MembershipNode,
+    shared: Arc<Shared>,
+    epoch: Instant,
+    refs: HashMap<String, RemoteRef<WireMsg>>,
+    /// When the last heartbeat of each peer arrived (for the largest-gap statistic).
+    last_heartbeat: HashMap<UniqueAddress, u64>,
+    other_seeds: Vec<String>,
+    seeding: Seeding,
+    next_init_join: u64,
+    next_join_feed: u64,
+    leaving: bool,
+    stop: Option<StopReason>,
+    send_failures: u64,
+}
+
+/// Registers the cluster endpoint on `remote` and spawns the driver.
+pub(crate) fn start(
+    system: ActorSystem,
+    remote: Remote,
+    cfg: ClusterConfig,
+    me: UniqueAddress,
+    shared: Arc<Shared>,
+    commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let (tx, inbox) = mpsc::channel::<(Instant, WireMsg)>(INBOX);
+    let endpoint = shared.clone();
+    let decoder: Decoder = Arc::new(move |bytes: &[u8]| {
+        let msg: WireMsg = rmp_serde::from_slice(bytes).map_err(|e| DecodeError::Payload {
+            expected: "shardik cluster message",
+            detail: e.to_string(),
+        })?;
+        // Stamped on arrival: the failure detector must not see the driver's own delays.
+        let c = &endpoint.counters;
+        c.received.fetch_add(1, Ordering::Relaxed);
+        tx.try_send((Instant::now(), msg)).map_err(|_| {
+            c.inbox_dropped.fetch_add(1, Ordering::Relaxed);
+            DecodeError::Refused("cluster inbox full or closed".into())
+        })
+    });
+    remote.register_decoder(PATH, decoder);
+    let other_seeds: Vec<String> = cfg
+        .seed_nodes
+        .iter()
+        .filter(|s| **s != me.address)
+        .cloned()
+        .collect();
+    let node = MembershipNode::new(cfg.node_config(me.clone()));
+    let driver = Driver {
+        system,
+        remote,
+        me,
+        node,
+        shared,
+        epoch: Instant::now(),
+        refs: HashMap::new(),
+        last_heartbeat: HashMap::new(),
+        other_seeds,
+        seeding: Seeding::Seek,
+        next_init_join: 0,
+        next_join_feed: 0,
+        leaving: false,
+        stop: None,
+        send_failures: 0,
+        cfg,
+    };
+    tokio::spawn(driver.run(inbox, commands));
+}
+
+impl Driver {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn at(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    async fn run(
+        mut self,
+        mut inbox: mpsc::Receiver<(Instant, WireMsg)>,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+    ) {
+        tracing::info!(
+            node = %self.me,
+            cluster = %self.cfg.remote.cluster,
+            seeds = ?self.cfg.seed_nodes,
+            "cluster node starting"
+        );
+        let mut tick = tokio::time::interval(self.cfg.tick_interval);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut heartbeat = tokio::time::interval(self.cfg.heartbeat_interval);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let system = self.system.clone();
+        let system_down = system.shutdown_started();
+        tokio::pin!(system_down);
+        self.begin_join();
+        let reason = loop {
+            if let Some(r) = self.stop {
+                break r;
+            }
+            tokio::select! {
+                biased;
+                _ = &mut system_down => break StopReason::SystemShutdown,
+                cmd = commands.recv() => match cmd {
+                    Some(cmd) => self.on_command(cmd),
+                    None => break StopReason::Shutdown,
+                },
+                // Timers before messages: a busy inbox must not hold heartbeats and
+                // failure-detector checks back (timers fire at most a few times a second).
+                _ = heartbeat.tick() => {
+                    let now = self.now();
+                    self.input(Input::HeartbeatTick(now));
+                }
+                _ = tick.tick() => {
+                    let now = self.now();
+                    self.input(Input::Tick(now));
+                    self.seed_tick(now);
+                }
+                msg = inbox.recv() => match msg {
+                    Some((at, msg)) => self.on_wire(at, msg),
+                    None => break StopReason::RemoteStopped,
+                },
+            }
+        };
+        self.finish(reason).await;
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Leave => {
+                self.leaving = true;
+                match self.node.status() {
+                    None => self.stop = Some(StopReason::Left),
+                    Some(_) => {
+                        tracing::info!(node = %self.me, "leaving the cluster");
+                        self.input(Input::Leave);
+                    }
+                }
+            }
+            Command::Down(n) => {
+                tracing::info!(node = %self.me, downing = %n, "operator downs a member");
+                self.input(Input::Down(n));
+            }
+            Command::Shutdown => self.stop = Some(StopReason::Shutdown),
+        }
+    }
+
+    fn on_wire(&mut self, at: Instant, msg: WireMsg) {
+        if msg.to.is_some_and(|i| i != self.me.incarnation) {
+            tracing::debug!(node = %self.me, from = %msg.from, "message for an earlier incarnation dropped");
+            return;
+        }
+        let from = msg.from;
+        match msg.body {
+            Body::Gossip(g) => self.input(Input::Gossip(from, g)),
+            Body::Heartbeat => {
+                let t = self.at(at);
+                let c = &self.shared.counters;
+                c.heartbeats.fetch_add(1, Ordering::Relaxed);
+                if let Some(prev) = self.last_heartbeat.insert(from.clone(), t) {
+                    c.max_heartbeat_gap_ms
+                        .fetch_max(t.saturating_sub(prev), Ordering::Relaxed);
+                }
+                if self.last_heartbeat.len() > 4 * self.cfg.monitored_by.max(16) {
+                    // Forget peers that left: keep only the ones still monitored.
+                    let watched: BTreeSet<&UniqueAddress> = self.node.monitored().collect();
+                    self.last_heartbeat.retain(|n, _| watched.contains(n));
+                }
+                self.input(Input::HeartbeatFrom(from, t));
+            }
+            Body::Join { roles } => self.input(Input::Join(from, roles)),
+            Body::InitJoin => {
+                let member = matches!(
+                    self.node.status(),
+                    Some(MemberStatus::Joining | MemberStatus::WeaklyUp | MemberStatus::Up)
+                );
+                let body = if member {
+                    Body::InitJoinAck
+                } else {
+                    Body::InitJoinNack
+                };
+                self.send(&from.address, Some(from.incarnation), body);
+            }
+            Body::InitJoinAck => self.on_init_join_ack(from),
+            Body::InitJoinNack => {
+                if let Seeding::FirstSeed { pending, .. } = &mut self.seeding {
+                    pending.remove(&from.address);
+                    if pending.is_empty() && self.node.status().is_none() {
+                        tracing::info!(node = %self.me, "every other seed node answered and none is a member: forming a new cluster");
+                        self.form();
+                    }
+                }
+            }
+        }
+    }
+
+    fn begin_join(&mut self) {
+        let now = self.now();
+        if self.other_seeds.is_empty() {
+            tracing::info!(node = %self.me, "no other seed nodes: forming a new cluster");
+            self.form();
+            return;
+        }
+        self.seeding = if self.cfg.seed_nodes.first() == Some(&self.me.address) {
+            Seeding::FirstSeed {
+                pending: self.other_seeds.iter().cloned().collect(),
+                deadline: now + self.cfg.seed_timeout.as_millis() as u64,
+            }
+        } else {
+            Seeding::Seek
+        };
+        self.seed_tick(now);
+    }
+
+    fn form(&mut self) {
+        self.seeding = Seeding::Done;
+        self.input(Input::Join(self.me.clone(), self.cfg.roles.clone()));
+    }
+
+    fn seed_tick(&mut self, now: u64) {
+        if matches!(self.seeding, Seeding::Done) {
+            return;
+        }
+        if self.node.status().is_some() || self.node.is_shut_down() {
+            self.seeding = Seeding::Done;
+            return;
+        }
+        if let Seeding::FirstSeed { deadline, .. } = &self.seeding {
+            if now >= *deadline {
+                tracing::info!(
+                    node = %self.me,
+                    timeout = ?self.cfg.seed_timeout,
+                    "no other seed node is a member: forming a new cluster"
+                );
+                self.form();
+                return;
+            }
+        }
+        if now >= self.next_init_join {
+            self.next_init_join = now + self.cfg.join_retry.as_millis() as u64;
+            for s in self.other_seeds.clone() {
+                self.send(&s, None, Body::InitJoin);
+            }
+        }
+    }
+
+    fn on_init_join_ack(&mut self, from: UniqueAddress) {
+        if self.node.status().is_some() || matches!(self.seeding, Seeding::Done) {
+            return;
+        }
+        self.seeding = Seeding::Seek;
+        let now = self.now();
+        if now >= self.next_join_feed {
+            self.next_join_feed = now + self.cfg.join_retry.as_millis() as u64;
+            tracing::info!(node = %self.me, through = %from, "joining through a member seed node");
+            self.input(Input::JoinSeeds(vec![from.address]));
+        }
+    }
+
+    fn input(&mut self, input: Input) {
+        let actions = self.node.handle(input);
+        if actions.is_empty() {
+            return;
+        }
+        let mut events = Vec::new();
+        let mut shut_down = false;
+        for a in actions {
+            match a {
+                Action::SendGossip(to, g) => {
+                    self.send(&to.address, Some(to.incarnation), Body::Gossip(g))
+                }
+                Action::SendHeartbeat(to) => {
+                    self.send(&to.address, Some(to.incarnation), Body::Heartbeat)
+                }
+                Action::SendJoin(addr) => {
+                    let roles = self.cfg.roles.clone();
+                    self.send(&addr, None, Body::Join { roles })
+                }
+                Action::Event(e) => {
+                    log_event(&self.me, &e);
+                    events.push(Event::Cluster(e));
+                }
+                Action::ShutdownSelf => shut_down = true,
+            }
+        }
+        if !events.is_empty() {
+            self.shared.publish(Some(self.snapshot()), events);
+        }
+        if shut_down && self.stop.is_none() {
+            self.stop = Some(match self.node.status() {
+                Some(MemberStatus::Down) => StopReason::Downed,
+                Some(MemberStatus::Exiting) => StopReason::Left,
+                _ if self.leaving => StopReason::Left,
+                _ => StopReason::Removed,
+            });
+        }
+    }
+
+    fn snapshot(&self) -> ClusterState {
+        let g = self.node.gossip();
+        ClusterState {
+            self_node: self.me.clone(),
+            members: g.members().cloned().collect(),
+            unreachable: g.unreachable_members(),
+            leader: g.leader(&self.me),
+            stopped: None,
+        }
+    }
+
+    fn send(&mut self, addr: &str, to: Option<u64>, body: Body) {
+        let r = match self.refs.get(addr) {
+            Some(r) => r,
+            None => {
+                let r = self.remote.lookup::<WireMsg>(PATH, addr);
+                self.refs.entry(addr.to_string()).or_insert(r)
+            }
+        };
+        let msg = WireMsg {
+            from: self.me.clone(),
+            to,
+            body,
+        };
+        match r.try_tell_control(msg) {
+            Ok(()) => {
+                self.shared.counters.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(SendError::ShutDown) => {
+                if self.stop.is_none() {
+                    // Remoting also stops when the actor system shuts down; say which.
+                    self.stop = Some(if self.system.is_shutting_down() {
+                        StopReason::SystemShutdown
+                    } else {
+                        tracing::warn!(node = %self.me, "the remote layer stopped underneath the cluster; stopping");
+                        StopReason::RemoteStopped
+                    });
+                }
+            }
+            Err(e) => {
+                self.shared
+                    .counters
+                    .send_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                self.send_failures += 1;
+                let n = self.send_failures;
+                if n <= 10 || n % 1000 == 0 {
+                    tracing::warn!(node = %self.me, to = addr, total = n, "cluster message not sent: {e}");
+                }
+            }
+        }
+    }
+
+    async fn finish(mut self, reason: StopReason) {
+        tracing::info!(node = %self.me, %reason, "cluster node stopping");
+        self.remote.unregister(PATH);
+        if matches!(
+            reason,
+            StopReason::Left | StopReason::Downed | StopReason::Removed
+        ) {
+            // The actions that stopped this node usually end with gossip telling the rest of
+            // its side (a downing decision, say); give the writers a moment to send it, since
+            // shutting remoting down drops what is still queued.
+            tokio::time::sleep(self.cfg.tick_interval * 2).await;
+        }
+        self.remote.shutdown().await;
+        if self.cfg.stop_system_on_exit
+            && matches!(
+                reason,
+                StopReason::Left | StopReason::Downed | StopReason::Removed
+            )
+        {
+            self.system.shutdown().await;
+        }
+        let mut state = self.snapshot();
+        state.stopped = Some(reason);
+        self.refs.clear();
+        self.shared
+            .publish(Some(state), vec![Event::Stopped(reason)]);
+        tracing::info!(node = %self.me, %reason, "cluster node stopped");
+    }
+}
+
+fn log_event(me: &UniqueAddress, e: &ClusterEvent) {
+    match e {
+        ClusterEvent::MemberJoined(m) => {
+            tracing::info!(node = %me, member = %m.node, "member joining")
+        }
+        ClusterEvent::MemberWeaklyUp(m) => {
+            tracing::info!(node = %me, member = %m.node, "member weakly up")
+        }
+        ClusterEvent::MemberUp(m) => tracing::info!(node = %me, member = %m.node, "member up"),
+        ClusterEvent::MemberLeft(m) => {
+            tracing::info!(node = %me, member = %m.node, "member leaving")
+        }
+        ClusterEvent::MemberExited(m) => {
+            tracing::info!(node = %me, member = %m.node, "member exiting")
+        }
+        ClusterEvent::MemberDowned(m) => {
+            tracing::warn!(node = %me, member = %m.node, "member downed")
+        }
+        ClusterEvent::MemberRemoved { node, previous } => {
+            tracing::info!(node = %me, member = %node, ?previous, "member removed")
+        }
+        ClusterEvent::Unreachable(n) => {
+            tracing::warn!(node = %me, member = %n, "member unreachable")
+        }
+        ClusterEvent::Reachable(n) => {
+            tracing::info!(node = %me, member = %n, "member reachable again")
+        }
+        ClusterEvent::LeaderChanged(l) => {
+            tracing::info!(node = %me, leader = ?l.as_ref().map(|l| l.to_string()), "leader changed")
+        }
+    }
+}

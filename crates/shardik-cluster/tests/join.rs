@@ -1,0 +1,135 @@
+//! Joining: five nodes converge with everyone `Up`, in a fixed order, with events.
+
+mod sim;
+
+use shardik_cluster::events::ClusterEvent;
+use shardik_cluster::member::MemberStatus;
+use sim::{uid, Sim};
+
+#[test]
+fn five_nodes_join_and_all_are_up() {
+    let (mut sim, took) = Sim::cluster(5);
+    assert!(took <= 10_000, "took {took} ms");
+    sim.run_until(5_000, "same converged version everywhere", |s| {
+        let v0 = s.node(0).node.gossip().version().clone();
+        (0..5).all(|v| {
+            let g = s.node(v).node.gossip();
+            g.convergence(&uid(v, 1)) && g.version() == &v0 && g.seen().len() == 5
+        })
+    });
+    for v in 0..5 {
+        let g = sim.node(v).node.gossip();
+        assert_eq!(g.leader(&uid(v, 1)), Some(uid(0, 1)));
+        // up-numbers are unique, 1..=5
+        let mut nums: Vec<u64> = g.members().filter_map(|m| m.up_number).collect();
+        nums.sort_unstable();
+        assert_eq!(nums, vec![1, 2, 3, 4, 5]);
+    }
+    // node 4 saw everyone come up and node 0 become leader
+    let ev = sim.events_of(4);
+    for i in 0..5 {
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, ClusterEvent::MemberUp(m) if m.node == uid(i, 1))),
+            "no MemberUp for {i}: {ev:?}"
+        );
+    }
+    assert!(ev.contains(&ClusterEvent::LeaderChanged(Some(uid(0, 1)))));
+}
+
+#[test]
+fn join_is_retried_through_a_lossy_network() {
+    let mut sim = Sim::new();
+    sim.set_loss(30);
+    for i in 0..5 {
+        sim.start(i, 1);
+    }
+    let ids: Vec<_> = (0..5).map(|i| uid(i, 1)).collect();
+    sim.run_until(30_000, "up despite 30% loss", |s| {
+        s.all_up(&[0, 1, 2, 3, 4], &ids)
+    });
+}
+
+#[test]
+fn same_run_is_deterministic() {
+    let (a, ta) = Sim::cluster(5);
+    let (b, tb) = Sim::cluster(5);
+    assert_eq!(ta, tb);
+    for i in 0..5 {
+        assert_eq!(a.node(i).node.gossip(), b.node(i).node.gossip());
+    }
+}
+
+#[test]
+fn graceful_leave_goes_exiting_then_removed_and_the_node_stops() {
+    let (mut sim, _) = Sim::cluster(4);
+    sim.input(&sim::addr(2), shardik_cluster::protocol::Input::Leave);
+    sim.run_until(10_000, "leaver removed everywhere", |s| {
+        [0, 1, 3].iter().all(|v| s.status(*v, &uid(2, 1)).is_none())
+    });
+    assert!(!sim.node(2).alive, "the leaver shut itself down");
+    let ev = sim.events_of(0);
+    let pos = |f: &dyn Fn(&ClusterEvent) -> bool| ev.iter().position(f).unwrap();
+    let left = pos(&|e| matches!(e, ClusterEvent::MemberLeft(m) if m.node == uid(2, 1)));
+    let exited = pos(&|e| matches!(e, ClusterEvent::MemberExited(m) if m.node == uid(2, 1)));
+    let removed = pos(
+        &|e| matches!(e, ClusterEvent::MemberRemoved { node, previous: MemberStatus::Exiting } if *node == uid(2, 1)),
+    );
+    assert!(left < exited && exited < removed);
+    // nobody was downed on the way
+    assert!(!ev
+        .iter()
+        .any(|e| matches!(e, ClusterEvent::MemberDowned(_))));
+}
+
+#[test]
+fn joiner_goes_weakly_up_without_convergence_then_up() {
+    // Downing never decides here (stable-after of an hour), so a crashed member blocks
+    // convergence until an operator downs it: a node joining meanwhile goes
+    // Joining -> WeaklyUp after 7 s, then Up once convergence is back.
+    let mut sim = Sim::new();
+    let config = |i: usize| {
+        let mut c = Sim::config(uid(i, 1));
+        c.downing.stable_after = std::time::Duration::from_secs(3_600);
+        c
+    };
+    for i in 0..3 {
+        sim.start_with(config(i));
+    }
+    let ids: Vec<_> = (0..3).map(|i| uid(i, 1)).collect();
+    sim.run_until(20_000, "cluster up", |s| s.all_up(&[0, 1, 2], &ids));
+    sim.crash(2);
+    sim.run_until(5_000, "flagged", |s| {
+        s.node(0)
+            .node
+            .gossip()
+            .unreachable_members()
+            .contains(&uid(2, 1))
+    });
+    sim.start_with(config(3));
+    sim.run_until(5_000, "joining", |s| {
+        s.status(0, &uid(3, 1)) == Some(MemberStatus::Joining)
+    });
+    let t = sim.run_until(10_000, "weakly up", |s| {
+        [0, 1, 3]
+            .iter()
+            .all(|v| s.status(*v, &uid(3, 1)) == Some(MemberStatus::WeaklyUp))
+    });
+    assert!(t >= 4_000, "weakly up after {t} ms");
+    assert_eq!(sim.status(0, &uid(2, 1)), Some(MemberStatus::Up));
+    sim.input(
+        &sim::addr(1),
+        shardik_cluster::protocol::Input::Down(uid(2, 1)),
+    );
+    let ids = [uid(0, 1), uid(1, 1), uid(3, 1)];
+    sim.run_until(5_000, "up after convergence", |s| {
+        s.all_up(&[0, 1, 3], &ids)
+    });
+    let ev = sim.events_of(3);
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e, ClusterEvent::MemberWeaklyUp(m) if m.node == uid(3, 1))));
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e, ClusterEvent::MemberUp(m) if m.node == uid(3, 1))));
+}

@@ -1,0 +1,218 @@
+//! Joining over real TCP: three nodes see each other `Up`; seed nodes started together form
+//! exactly one cluster; `lookup` by node id; configuration errors at start.
+
+mod netutil;
+
+use std::time::Duration;
+
+use netutil::*;
+use serde::{Deserialize, Serialize};
+use shardik_actor::{Actor, ActorError, Context, ReplyTo};
+use shardik_cluster::events::ClusterEvent;
+use shardik_cluster::member::MemberStatus;
+use shardik_cluster::runtime::{Cluster, ClusterError, ConfigError, Event};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_join_and_all_see_each_other_up() {
+    let (nodes, took) = cluster_of(3, None).await;
+    eprintln!("3 nodes all Up everywhere after {took:?}");
+    let leader = nodes[0].cluster.leader().expect("a leader");
+    for n in &nodes {
+        assert_eq!(n.cluster.leader().as_ref(), Some(&leader));
+        assert_eq!(n.cluster.members().len(), 3);
+        let me = n.cluster.self_member().unwrap();
+        assert_eq!(me.status, MemberStatus::Up);
+        n.cluster.when_up().await.unwrap();
+    }
+    // A subscriber gets the snapshot, then events.
+    let sub = nodes[2].cluster.subscribe();
+    assert_eq!(sub.snapshot.members.len(), 3);
+    stop_all(&nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_see_members_come_up_in_order() {
+    let first = start(config("a")).await;
+    let mut sub = first.cluster.subscribe();
+    let second = start(config("b").seed_nodes([first.id().address.clone()])).await;
+    let b = second.id().clone();
+    let mut saw_joined = false;
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("event in time")
+            .expect("open");
+        match e {
+            Event::Cluster(ClusterEvent::MemberJoined(m)) if m.node == b => saw_joined = true,
+            Event::Cluster(ClusterEvent::MemberUp(m)) if m.node == b => break,
+            _ => {}
+        }
+    }
+    assert!(saw_joined, "MemberJoined before MemberUp");
+    stop_all(&[first, second]).await;
+}
+
+/// Seed nodes with the same seed list: only the first may form the cluster, the others join
+/// it; a restarted first seed joins the running cluster instead of forming a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_nodes_started_together_form_one_cluster() {
+    let addrs: Vec<String> = (0..3)
+        .map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        })
+        .collect();
+    // Start the non-first seeds first: they must not form anything on their own.
+    let mut nodes = Vec::new();
+    for i in [2, 1] {
+        nodes.push(
+            start(
+                config(&format!("s{i}"))
+                    .bind(addrs[i].clone())
+                    .seed_nodes(addrs.clone()),
+            )
+            .await,
+        );
+    }
+    for n in &nodes {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1500), n.cluster.when_up())
+                .await
+                .is_err(),
+            "a non-first seed formed a cluster"
+        );
+        assert!(n.cluster.members().is_empty());
+    }
+    nodes.push(
+        start(
+            config("s0")
+                .bind(addrs[0].clone())
+                .seed_nodes(addrs.clone()),
+        )
+        .await,
+    );
+    let ids: Vec<_> = nodes.iter().map(|n| n.id().clone()).collect();
+    for n in &nodes {
+        wait(
+            &n.cluster,
+            "one cluster of 3",
+            Duration::from_secs(15),
+            |s| s.all_up(&ids),
+        )
+        .await;
+    }
+
+    // The first seed crashes and restarts on its address: the other seeds answer that they
+    // are members, so it joins them instead of forming a second cluster.
+    let old = nodes.pop().unwrap();
+    old.cluster.shutdown().await;
+    old.system.shutdown().await;
+    let restarted = start(
+        config("s0")
+            .bind(addrs[0].clone())
+            .seed_nodes(addrs.clone()),
+    )
+    .await;
+    let ids = [
+        nodes[0].id().clone(),
+        nodes[1].id().clone(),
+        restarted.id().clone(),
+    ];
+    for n in nodes.iter().chain([&restarted]) {
+        wait(
+            &n.cluster,
+            "restarted first seed rejoined",
+            Duration::from_secs(15),
+            |s| s.all_up(&ids),
+        )
+        .await;
+    }
+    stop_all(&nodes).await;
+    stop_all(std::slice::from_ref(&restarted)).await;
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Who {
+    Name { reply: ReplyTo<String> },
+}
+
+struct WhoActor(String);
+
+impl Actor for WhoActor {
+    type Msg = Who;
+    async fn handle(&mut self, msg: Who, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        let Who::Name { reply } = msg;
+        reply.reply(self.0.clone());
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_by_node_id_reaches_the_actor_on_that_node() {
+    let (nodes, _) = cluster_of(3, None).await;
+    for n in &nodes {
+        let name = n.id().node_id.clone();
+        n.cluster
+            .remote()
+            .register("/user/who", n.system.spawn(WhoActor(name)));
+    }
+    for from in &nodes {
+        for to in ["n0", "n1", "n2"] {
+            let r = from.cluster.lookup::<Who>("/user/who", to).unwrap();
+            let got = r
+                .ask(|reply| Who::Name { reply }, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(got, to);
+        }
+    }
+    assert!(matches!(
+        nodes[0].cluster.lookup::<Who>("/user/who", "nobody"),
+        Err(ClusterError::UnknownNode(id)) if id == "nobody"
+    ));
+    stop_all(&nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_configurations_are_refused_at_start() {
+    init_tracing();
+    let system = shardik_actor::ActorSystem::new("bad");
+    let err = Cluster::start(&system, config("x").seed_nodes(["nohost"]))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        ClusterError::Config(ConfigError::BadSeedAddress(_))
+    ));
+    assert_eq!(
+        err.to_string(),
+        "invalid cluster configuration: seed node address \"nohost\" is not host:port"
+    );
+    let ok = Cluster::start(&system, config("x")).await.unwrap();
+    assert!(matches!(
+        Cluster::start(&system, config("y")).await,
+        Err(ClusterError::AlreadyStarted)
+    ));
+    ok.shutdown().await;
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_another_cluster_never_joins() {
+    let first = start(config("a")).await;
+    first.cluster.when_up().await.unwrap();
+    let mut other = shardik_cluster::runtime::ClusterConfig::new("other", "intruder")
+        .secret(SECRET.to_vec())
+        .seed_nodes([first.id().address.clone()]);
+    other.remote = other
+        .remote
+        .backoff(Duration::from_millis(10), Duration::from_millis(100));
+    let intruder = start(other).await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), intruder.cluster.when_up())
+            .await
+            .is_err()
+    );
+    assert_eq!(first.cluster.members().len(), 1);
+    stop_all(&[first, intruder]).await;
+}
