@@ -19,7 +19,7 @@
 //! | [`downing`] | split brain resolver decisions and the stability timer |
 //! | [`events`] | cluster events as the difference of two states |
 //! | [`protocol`], [`node`] | the inputs and actions of [`MembershipNode`](node::MembershipNode), the state machine that ties it together |
-//! | [`runtime`] | [`Cluster`]: the tokio layer that runs a node over shardik-remote |
+//! | [`runtime`] | [`Cluster`]: the tokio layer that runs a node over shardik-remote; on top of it the [`Receptionist`], the [`ClusterSingleton`] and [`ClusterBroadcast`] |
 //!
 //! ## Rules (Akka's, see `shared/reference/protocols.md`)
 //! - A process is a `UniqueAddress` (address, node id, incarnation). A restarted process is a
@@ -127,4 +127,8 @@ pub mod ring;
 pub mod runtime;
 pub mod vclock;
 
-pub use runtime::{Cluster, ClusterConfig, ClusterError, ClusterState, Event, StopReason};
+pub use runtime::{
+    BroadcastReplies, Cluster, ClusterBroadcast, ClusterConfig, ClusterError, ClusterSingleton,
+    ClusterState, Event, Listing, Receptionist, ServiceKey, ServiceRef, SingletonError,
+    SingletonProxy, SingletonSettings, StopReason,
+};

@@ -143,7 +143,18 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
     }
 
     fn enqueue(&self, frame: Frame, ids: &[u64]) -> Result<(), SendError> {
-        if self.peer.send_user(frame).is_err() {
+        self.enqueue_on(frame, ids, false)
+    }
+
+    /// Queues `frame` on the peer's user lane, or its control lane if `control`; on a full
+    /// lane forgets the reply slots `ids` and counts the drop.
+    fn enqueue_on(&self, frame: Frame, ids: &[u64], control: bool) -> Result<(), SendError> {
+        let queued = if control {
+            self.peer.send_control_msg(frame)
+        } else {
+            self.peer.send_user(frame)
+        };
+        if queued.is_err() {
             self.node.replies.forget(ids);
             self.node.counters.bump(
                 &self.node.counters.dropped_queue_full,
@@ -180,19 +191,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
     pub fn try_tell_control(&self, msg: M) -> Result<(), SendError> {
         let (frame, ids) = self.encode(&msg)?;
         drop(msg);
-        if self.peer.send_control_msg(frame).is_err() {
-            self.node.replies.forget(&ids);
-            self.node.counters.bump(
-                &self.node.counters.dropped_queue_full,
-                "shardik_remote_dropped_queue_full_total",
-            );
-            return Err(SendError::QueueFull(self.peer.addr.to_string()));
-        }
-        self.node
-            .counters
-            .messages_sent
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        self.enqueue_on(frame, &ids, true)
     }
 
     /// [`try_tell_control`](Self::try_tell_control), recording a refused message as a dead

@@ -84,14 +84,36 @@
 //! was downed or was removed (Akka's `run-coordinated-shutdown-when-down`). A stopped node
 //! cannot rejoin in the same actor system.
 //!
+//! ## Services built on the cluster
+//! - [`Receptionist`] ([`receptionist`](self::Receptionist)): actors registered under typed
+//!   [`ServiceKey`]s, found and followed from any node; each node pushes its own entries to
+//!   the members, and the entries of a downed or removed node are dropped everywhere.
+//! - [`ClusterSingleton`]: one instance on the oldest `Up` member (per role), handed over on
+//!   leave (the old instance stops first), restarted elsewhere once its node is `Down`, and a
+//!   [`SingletonProxy`] that buffers during hand-over. The placement rule is the plain
+//!   function [`decide`].
+//! - [`ClusterBroadcast`]: tell every `Up` member's instance of an actor at a path, or ask them
+//!   all and get one reply per member plus the members that did not answer.
+//!
 //! ## Defaults and tuning
 //! See the crate docs and `docs/cluster.md`: a crashed node is suspected about 2-2.5 s after
 //! its last heartbeat and downed by keep-majority after 2 s more of stable membership, so it
 //! is `Down` on the survivors in about 4.5 s and removed shortly after.
+mod broadcast;
 mod cluster;
 mod config;
 mod driver;
+mod inbox;
+mod receptionist;
+mod singleton;
 mod wire;
+
+pub use broadcast::{BroadcastReplies, ClusterBroadcast};
+pub use receptionist::{Listing, ListingSubscription, Receptionist, ServiceKey, ServiceRef};
+pub use singleton::{
+    decide, oldest_up, ClusterSingleton, SingletonDecision, SingletonError, SingletonProxy,
+    SingletonSettings,
+};
 
 pub use cluster::{
     Cluster, ClusterError, ClusterState, ClusterStats, Event, StopReason, Subscription,

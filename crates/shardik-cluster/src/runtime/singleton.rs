@@ -1,0 +1,880 @@
+//! [`ClusterSingleton`]: one instance of an actor in the whole cluster, on the oldest `Up`
+//! member, reached from any node through a [`SingletonProxy`].
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use shardik_actor::{Actor, ActorError, Context, Props};
+//! use shardik_cluster::runtime::{Cluster, ClusterSingleton, SingletonSettings};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Tick;
+//!
+//! struct Scheduler;
+//! impl Actor for Scheduler {
+//!     type Msg = Tick;
+//!     async fn handle(&mut self, _: Tick, _: &mut Context<Self>) -> Result<(), ActorError> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn run(cluster: Cluster) {
+//! // On every node (the same name, the same settings):
+//! let singleton = ClusterSingleton::start(
+//!     &cluster,
+//!     SingletonSettings::new("scheduler").role("backend"),
+//!     || Props::new(|| Scheduler),
+//! );
+//! // From any node, wherever the instance runs now:
+//! singleton.proxy().tell(Tick).expect("buffer not full");
+//! # }
+//! ```
+//!
+//! ## Where the instance runs
+//! Every node that may host the singleton runs a **manager** ([`ClusterSingleton::start`]
+//! with the same name and settings). Each manager decides on its own, from its view of the
+//! membership, with [`decide`] (a plain function, unit-tested):
+//! - the host is the **oldest `Up` member** (lowest up-number, see
+//!   [`Member::is_older_than`]) with the settings' role;
+//! - that member starts the instance only when no older member can still run one: every
+//!   older member with the role is `Down`, removed, or has **confirmed the hand-over** (its
+//!   manager stopped its instance, or never had one, and said so). A member that is `Leaving`
+//!   or `Exiting`, or that was removed without having been `Down`, blocks the start until it
+//!   confirmed; one that was removed without confirming (the confirmation was lost) blocks
+//!   for [`removal_timeout`](SingletonSettings::removal_timeout) more.
+//!
+//! **Graceful leave** of the host: its manager sees itself `Leaving`, stops the instance
+//! ([`graceful_stop`](shardik_actor::ActorRef::graceful_stop): the messages already queued
+//! are handled first), waits until it has terminated and only then sends `HandedOver` to every
+//! member; the next oldest starts the new instance when that arrives. So the old instance has
+//! stopped before the new one starts.
+//!
+//! **Crash** of the host: it stays the oldest `Up` member while it is only unreachable (no
+//! second instance is started on a suspicion); once the split brain resolver marked it `Down`,
+//! the next oldest starts a new instance. The instance's state is lost with the crashed node
+//! (persist it, e.g. with shardik-persistence, if it matters). Like Akka's, this relies on
+//! the downed side having stopped: with keep-majority the losing side downs itself after
+//! the same `stable_after`, so an instance on the losing side of a partition stops at about
+//! the time the other side starts a new one (see `docs/cluster.md`).
+//!
+//! ## The proxy
+//! A [`SingletonProxy`] (from [`ClusterSingleton::proxy`], on any node) sends to the node that
+//! last announced that it runs the instance (hosts announce themselves to every member at
+//! once and every [`announce_interval`](SingletonSettings::announce_interval)). While no
+//! instance is known (at start, or from the moment the current host is no longer `Up` in this
+//! node's view until the next host announces itself) messages are **buffered** in order, up
+//! to [`buffer_size`](SingletonSettings::buffer_size), and sent when the new host is known; a
+//! message that finds the buffer full is refused with [`SingletonError::BufferFull`]. While
+//! the host is unreachable from this node, messages are buffered too, and sent when it is
+//! reachable again or when the next host announces itself after it was downed. Delivery is
+//! at most once: a message sent to the old host just before it stopped or crashed is lost.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use shardik_actor::{Actor, ActorRef, AskError, Props, ReplyTo};
+use shardik_remote::RemoteRef;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::cluster::{Cluster, ClusterState, Event};
+use super::inbox;
+use crate::events::ClusterEvent;
+use crate::member::{Member, MemberStatus, UniqueAddress};
+
+/// The oldest `Up` member with `role` (`None`: any member), by up-number then address.
+pub fn oldest_up<'a>(
+    members: impl IntoIterator<Item = &'a Member>,
+    role: Option<&str>,
+) -> Option<&'a Member> {
+    members
+        .into_iter()
+        .filter(|m| m.status == MemberStatus::Up && m.has_role(role))
+        .min_by(|a, b| a.age_key().cmp(&b.age_key()))
+}
+
+/// What a singleton manager should do, by [`decide`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SingletonDecision {
+    /// This node is the oldest `Up` member with the role and nobody older can still run an
+    /// instance: run it.
+    Host,
+    /// This node is the oldest `Up` member, but these older members may still run an
+    /// instance (leaving, exiting, or removed without confirming the hand-over): wait.
+    WaitFor(Vec<UniqueAddress>),
+    /// Another member (or none) is the oldest `Up` member: do not run an instance.
+    NotOldest(Option<UniqueAddress>),
+}
+
+/// Decides whether `self_node` runs the singleton.
+///
+/// `members` is this node's view of the membership, plus the members that were removed
+/// without having been `Down` and without confirming (pass them with status `Exiting`);
+/// `handed_over` are the members that confirmed they run no instance.
+///
+/// ```
+/// use std::collections::BTreeSet;
+/// use shardik_cluster::member::{Member, MemberStatus, UniqueAddress};
+/// use shardik_cluster::runtime::{decide, SingletonDecision};
+///
+/// let member = |n: u64, status| Member {
+///     node: UniqueAddress::new(format!("10.0.0.{n}:7000"), format!("n{n}"), 1),
+///     status,
+///     roles: BTreeSet::new(),
+///     up_number: Some(n),
+/// };
+/// let (a, b) = (member(1, MemberStatus::Leaving), member(2, MemberStatus::Up));
+/// let members = [a.clone(), b.clone()];
+/// // The oldest is leaving: b waits until a confirmed that its instance stopped.
+/// assert_eq!(
+///     decide(&members, &b.node, None, &BTreeSet::new()),
+///     SingletonDecision::WaitFor(vec![a.node.clone()])
+/// );
+/// assert_eq!(
+///     decide(&members, &b.node, None, &BTreeSet::from([a.node.clone()])),
+///     SingletonDecision::Host
+/// );
+/// assert_eq!(
+///     decide(&members, &a.node, None, &BTreeSet::new()),
+///     SingletonDecision::NotOldest(Some(b.node.clone()))
+/// );
+/// ```
+pub fn decide(
+    members: &[Member],
+    self_node: &UniqueAddress,
+    role: Option<&str>,
+    handed_over: &BTreeSet<UniqueAddress>,
+) -> SingletonDecision {
+    let Some(me) = oldest_up(members, role) else {
+        return SingletonDecision::NotOldest(None);
+    };
+    if &me.node != self_node {
+        return SingletonDecision::NotOldest(Some(me.node.clone()));
+    }
+    let blockers: Vec<UniqueAddress> = members
+        .iter()
+        .filter(|m| {
+            &m.node != self_node
+                && m.has_role(role)
+                && matches!(m.status, MemberStatus::Leaving | MemberStatus::Exiting)
+                && m.is_older_than(me)
+                && !handed_over.contains(&m.node)
+        })
+        .map(|m| m.node.clone())
+        .collect();
+    if blockers.is_empty() {
+        SingletonDecision::Host
+    } else {
+        SingletonDecision::WaitFor(blockers)
+    }
+}
+
+/// Settings of a cluster singleton; every node must use the same.
+#[derive(Clone, Debug)]
+pub struct SingletonSettings {
+    name: String,
+    role: Option<String>,
+    buffer_size: usize,
+    announce_interval: Duration,
+    removal_timeout: Duration,
+}
+
+impl SingletonSettings {
+    /// A singleton named `name` (unique among the singletons of the cluster), on any member,
+    /// with a buffer of 1 000 messages, announced every 500 ms, and a removal timeout of 5 s.
+    pub fn new(name: impl Into<String>) -> Self {
+        SingletonSettings {
+            name: name.into(),
+            role: None,
+            buffer_size: 1000,
+            announce_interval: Duration::from_millis(500),
+            removal_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Runs the instance only on members with `role` (the oldest `Up` one among them).
+    pub fn role(mut self, role: impl Into<String>) -> Self {
+        self.role = Some(role.into());
+        self
+    }
+
+    /// How many messages a proxy buffers while no instance is known (at least 1).
+    pub fn buffer_size(mut self, messages: usize) -> Self {
+        self.buffer_size = messages.max(1);
+        self
+    }
+
+    /// How often the host announces itself to every member (and a leaving node confirms its
+    /// hand-over).
+    pub fn announce_interval(mut self, interval: Duration) -> Self {
+        self.announce_interval = interval;
+        self
+    }
+
+    /// How long a member that was removed without being `Down` and without confirming its
+    /// hand-over still blocks the start of a new instance.
+    pub fn removal_timeout(mut self, timeout: Duration) -> Self {
+        self.removal_timeout = timeout;
+        self
+    }
+
+    /// The singleton's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Why a [`SingletonProxy`] refused a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SingletonError {
+    /// No instance is known and the buffer already holds `capacity` messages.
+    #[error("singleton {name:?}: no instance known and the buffer of {capacity} messages is full")]
+    BufferFull {
+        /// The singleton's name.
+        name: String,
+        /// The buffer size.
+        capacity: usize,
+    },
+    /// The cluster node (and with it the manager) has stopped.
+    #[error("singleton {0:?}: the cluster node has stopped")]
+    Stopped(String),
+}
+
+/// Protocol messages between the managers of one singleton.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum WireMsg {
+    /// The sender runs the instance.
+    Hosting(UniqueAddress),
+    /// The sender runs no instance (any more).
+    HandedOver(UniqueAddress),
+}
+
+enum Target<M> {
+    Local(ActorRef<M>),
+    Remote(RemoteRef<M>),
+}
+
+impl<M: Serialize + Send + 'static> Target<M> {
+    fn tell(&self, msg: M) {
+        match self {
+            Target::Local(a) => a.tell(msg),
+            Target::Remote(r) => r.tell(msg),
+        }
+    }
+}
+
+struct ProxyState<M> {
+    host: Option<(UniqueAddress, Target<M>)>,
+    buffer: VecDeque<M>,
+    stopped: bool,
+}
+
+struct Shared<M> {
+    cluster: Cluster,
+    settings: SingletonSettings,
+    instance_path: String,
+    manager_path: String,
+    proxy: Mutex<ProxyState<M>>,
+    /// Where the proxy sends now (`None`: buffering).
+    host_tx: watch::Sender<Option<UniqueAddress>>,
+    /// `true` while this node runs the instance.
+    hosting_tx: watch::Sender<bool>,
+}
+
+impl<M: Serialize + Send + 'static> Shared<M> {
+    /// Points the proxy at `host` and flushes the buffer to it, in order.
+    fn set_host(&self, node: UniqueAddress, target: Target<M>) {
+        let mut p = self.proxy.lock();
+        while let Some(m) = p.buffer.pop_front() {
+            target.tell(m);
+        }
+        p.host = Some((node.clone(), target));
+        drop(p);
+        self.host_tx.send_replace(Some(node));
+    }
+
+    fn clear_host_if(&self, node: &UniqueAddress) {
+        let mut p = self.proxy.lock();
+        if p.host.as_ref().is_some_and(|(h, _)| h == node) {
+            p.host = None;
+            drop(p);
+            self.host_tx.send_replace(None);
+        }
+    }
+
+    /// Forgets a host that is no longer `Up` in `state`; returns whether the proxy may send
+    /// to its host now (known, `Up` and reachable).
+    fn refresh(&self, p: &mut ProxyState<M>, state: &ClusterState) -> bool {
+        let Some((h, _)) = &p.host else {
+            return false;
+        };
+        let up = state
+            .member(h)
+            .is_some_and(|m| m.status == MemberStatus::Up);
+        if !up {
+            p.host = None;
+            self.host_tx.send_replace(None);
+            return false;
+        }
+        !state.unreachable.contains(h)
+    }
+
+    /// Sends the buffered messages if the host can be reached now.
+    fn flush(&self, state: &ClusterState) {
+        let mut p = self.proxy.lock();
+        if p.buffer.is_empty() || !self.refresh(&mut p, state) {
+            return;
+        }
+        let p = &mut *p;
+        if let Some((_, target)) = &p.host {
+            while let Some(m) = p.buffer.pop_front() {
+                target.tell(m);
+            }
+        }
+    }
+}
+
+/// One cluster singleton as seen from this node: its manager and a source of proxies. See the
+/// [module docs](self). Cloning is cheap.
+pub struct ClusterSingleton<M> {
+    shared: Arc<Shared<M>>,
+}
+
+impl<M> Clone for ClusterSingleton<M> {
+    fn clone(&self) -> Self {
+        ClusterSingleton {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<M> fmt::Debug for ClusterSingleton<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterSingleton")
+            .field("name", &self.shared.settings.name)
+            .field("hosting", &*self.shared.hosting_tx.borrow())
+            .field("host", &*self.shared.host_tx.borrow())
+            .finish()
+    }
+}
+
+impl<M> ClusterSingleton<M>
+where
+    M: Serialize + DeserializeOwned + Send + 'static,
+{
+    /// Starts this node's manager of the singleton `settings.name` (within a tokio runtime):
+    /// when this node is the host it spawns the instance from `factory()` and stops it when it
+    /// no longer is. Call it on every node that may host it or sends to it; nodes without the
+    /// settings' role only route to it.
+    pub fn start<A, F>(cluster: &Cluster, settings: SingletonSettings, factory: F) -> Self
+    where
+        A: Actor<Msg = M>,
+        F: Fn() -> Props<A> + Send + Sync + 'static,
+    {
+        let instance_path = format!("/system/singleton/{}", settings.name);
+        let manager_path = format!("/system/singleton/{}/manager", settings.name);
+        let rx = inbox::register::<WireMsg>(cluster.remote(), &manager_path, 1024);
+        let shared = Arc::new(Shared {
+            cluster: cluster.clone(),
+            settings,
+            instance_path,
+            manager_path,
+            proxy: Mutex::new(ProxyState {
+                host: None,
+                buffer: VecDeque::new(),
+                stopped: false,
+            }),
+            host_tx: watch::channel(None).0,
+            hosting_tx: watch::channel(false).0,
+        });
+        let manager = Manager {
+            shared: shared.clone(),
+            factory: Box::new(factory),
+            instance: None,
+            handed_over: BTreeSet::new(),
+            ghosts: BTreeMap::new(),
+            known: BTreeMap::new(),
+        };
+        tokio::spawn(manager.run(rx));
+        ClusterSingleton { shared }
+    }
+
+    /// A proxy that routes to the instance, wherever it runs.
+    pub fn proxy(&self) -> SingletonProxy<M> {
+        SingletonProxy {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// `true` while this node runs the instance.
+    pub fn is_hosting(&self) -> bool {
+        *self.shared.hosting_tx.borrow()
+    }
+
+    /// Waits until this node runs the instance (`true`) or no longer does (`false`).
+    pub async fn wait_hosting(&self, hosting: bool) {
+        let mut rx = self.shared.hosting_tx.subscribe();
+        let _ = rx.wait_for(|h| *h == hosting).await;
+    }
+}
+
+/// Routes messages to the singleton's current instance from any node, buffering while none
+/// is known. Cloning is cheap.
+pub struct SingletonProxy<M> {
+    shared: Arc<Shared<M>>,
+}
+
+impl<M> Clone for SingletonProxy<M> {
+    fn clone(&self) -> Self {
+        SingletonProxy {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<M> fmt::Debug for SingletonProxy<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SingletonProxy")
+            .field("name", &self.shared.settings.name)
+            .field("host", &*self.shared.host_tx.borrow())
+            .finish()
+    }
+}
+
+impl<M> SingletonProxy<M>
+where
+    M: Serialize + Send + 'static,
+{
+    /// Sends `msg` to the instance, or buffers it while no instance is known (see the
+    /// [module docs](self)). Fails if the buffer is full or the cluster node stopped.
+    pub fn tell(&self, msg: M) -> Result<(), SingletonError> {
+        let state = self.shared.cluster.state();
+        let mut p = self.shared.proxy.lock();
+        if p.stopped || state.stopped.is_some() {
+            return Err(SingletonError::Stopped(self.shared.settings.name.clone()));
+        }
+        if self.shared.refresh(&mut p, &state) {
+            let p = &mut *p;
+            if let Some((_, target)) = &p.host {
+                while let Some(m) = p.buffer.pop_front() {
+                    target.tell(m);
+                }
+                target.tell(msg);
+                return Ok(());
+            }
+        }
+        if p.buffer.len() >= self.shared.settings.buffer_size {
+            return Err(SingletonError::BufferFull {
+                name: self.shared.settings.name.clone(),
+                capacity: self.shared.settings.buffer_size,
+            });
+        }
+        p.buffer.push_back(msg);
+        Ok(())
+    }
+
+    /// Sends a request built around a fresh [`ReplyTo`] (buffered like [`tell`](Self::tell))
+    /// and waits up to `timeout` for the answer.
+    pub async fn ask<R>(
+        &self,
+        make: impl FnOnce(ReplyTo<R>) -> M,
+        timeout: Duration,
+    ) -> Result<R, AskError>
+    where
+        R: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let (reply_to, rx) = ReplyTo::channel();
+        self.tell(make(reply_to))
+            .map_err(|e| AskError::Undeliverable(e.to_string()))?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(_)) => Err(AskError::NoReply),
+            Err(_) => Err(AskError::Timeout(timeout)),
+        }
+    }
+
+    /// The node the proxy sends to now (`None`: it buffers).
+    pub fn host(&self) -> Option<UniqueAddress> {
+        self.shared.host_tx.borrow().clone()
+    }
+
+    /// Messages waiting in the buffer.
+    pub fn buffered(&self) -> usize {
+        self.shared.proxy.lock().buffer.len()
+    }
+
+    /// Waits until `pred` holds for the node the proxy sends to (checked now and after every
+    /// change). Wrap it in a timeout.
+    pub async fn wait_host(&self, mut pred: impl FnMut(Option<&UniqueAddress>) -> bool) {
+        let mut rx = self.shared.host_tx.subscribe();
+        let _ = rx.wait_for(|h| pred(h.as_ref())).await;
+    }
+}
+
+type Factory<A> = Box<dyn Fn() -> Props<A> + Send + Sync>;
+
+struct Manager<A: Actor> {
+    shared: Arc<Shared<A::Msg>>,
+    factory: Factory<A>,
+    instance: Option<ActorRef<A::Msg>>,
+    /// Members that said they run no instance (until they announce one again).
+    handed_over: BTreeSet<UniqueAddress>,
+    /// Members removed without being `Down` or confirming, with the time they stop blocking.
+    ghosts: BTreeMap<UniqueAddress, (Member, Instant)>,
+    /// The last known view of each member, to remember the age of removed ones.
+    known: BTreeMap<UniqueAddress, Member>,
+}
+
+impl<A> Manager<A>
+where
+    A: Actor,
+    A::Msg: Serialize + DeserializeOwned + Send + 'static,
+{
+    async fn run(mut self, mut rx: mpsc::Receiver<WireMsg>) {
+        let cluster = self.shared.cluster.clone();
+        let mut events = cluster.subscribe();
+        let mut tick = tokio::time::interval(self.shared.settings.announce_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for m in &events.snapshot.members {
+            self.known.insert(m.node.clone(), m.clone());
+        }
+        loop {
+            let mut announce = false;
+            tokio::select! {
+                _ = tick.tick() => announce = true,
+                e = events.recv() => match e {
+                    Ok(Event::Stopped(_)) | Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    Ok(Event::Cluster(e)) => self.on_event(e),
+                    Err(_) => {}
+                },
+                msg = rx.recv() => match msg {
+                    None => break,
+                    Some(m) => self.on_wire(m),
+                },
+            }
+            let state = cluster.state();
+            if state.stopped.is_some() {
+                break;
+            }
+            self.step(&state, announce).await;
+        }
+        self.stop_instance().await;
+        cluster.remote().unregister(&self.shared.manager_path);
+        let mut p = self.shared.proxy.lock();
+        p.stopped = true;
+        p.host = None;
+        p.buffer.clear();
+        drop(p);
+        self.shared.host_tx.send_replace(None);
+    }
+
+    fn on_event(&mut self, e: ClusterEvent) {
+        match e {
+            ClusterEvent::MemberRemoved { node, previous } => {
+                let m = self.known.remove(&node);
+                self.shared.clear_host_if(&node);
+                if previous != MemberStatus::Down && !self.handed_over.contains(&node) {
+                    // Removed without being Down and without confirming: it may still be
+                    // stopping an instance; block a while (unknown age counts as oldest).
+                    let m = m.unwrap_or_else(|| Member {
+                        node: node.clone(),
+                        status: MemberStatus::Exiting,
+                        roles: BTreeSet::new(),
+                        up_number: Some(0),
+                    });
+                    let m = Member {
+                        status: MemberStatus::Exiting,
+                        ..m
+                    };
+                    let until = Instant::now() + self.shared.settings.removal_timeout;
+                    self.ghosts.insert(node, (m, until));
+                }
+            }
+            ClusterEvent::MemberJoined(m)
+            | ClusterEvent::MemberWeaklyUp(m)
+            | ClusterEvent::MemberUp(m)
+            | ClusterEvent::MemberLeft(m)
+            | ClusterEvent::MemberExited(m)
+            | ClusterEvent::MemberDowned(m) => {
+                if m.status != MemberStatus::Up {
+                    self.shared.clear_host_if(&m.node);
+                }
+                self.known.insert(m.node.clone(), m);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_wire(&mut self, msg: WireMsg) {
+        let state = self.shared.cluster.state();
+        match msg {
+            WireMsg::Hosting(node) => {
+                if node == state.self_node {
+                    return;
+                }
+                self.handed_over.remove(&node);
+                let up = state
+                    .member(&node)
+                    .is_some_and(|m| m.status == MemberStatus::Up);
+                let known = self
+                    .shared
+                    .host_tx
+                    .borrow()
+                    .as_ref()
+                    .is_some_and(|h| *h == node);
+                if up && !known {
+                    let target = Target::Remote(
+                        self.shared
+                            .cluster
+                            .remote()
+                            .lookup(&self.shared.instance_path, &node.address),
+                    );
+                    self.shared.set_host(node, target);
+                }
+            }
+            WireMsg::HandedOver(node) => {
+                self.shared.clear_host_if(&node);
+                self.ghosts.remove(&node);
+                self.handed_over.insert(node);
+            }
+        }
+    }
+
+    async fn step(&mut self, state: &ClusterState, announce: bool) {
+        self.shared.flush(state);
+        let now = Instant::now();
+        self.ghosts.retain(|_, (_, until)| *until > now);
+        for m in &state.members {
+            self.known.insert(m.node.clone(), m.clone());
+        }
+        let mut members = state.members.clone();
+        members.extend(
+            self.ghosts
+                .values()
+                .filter(|(m, _)| state.member(&m.node).is_none())
+                .map(|(m, _)| m.clone()),
+        );
+        let role = self.shared.settings.role.as_deref();
+        let decision = decide(&members, &state.self_node, role, &self.handed_over);
+        match (&decision, self.instance.is_some()) {
+            (SingletonDecision::Host, false) => self.start_instance(state),
+            (SingletonDecision::Host, true) => {
+                if announce {
+                    self.send_all(state, WireMsg::Hosting(state.self_node.clone()));
+                }
+            }
+            (_, true) => {
+                self.stop_instance().await;
+                self.send_all(state, WireMsg::HandedOver(state.self_node.clone()));
+            }
+            (_, false) => {
+                // A node on its way out confirms (again) that it runs no instance, in case
+                // the first confirmation was lost.
+                let leaving = state.self_member().is_none_or(|m| {
+                    matches!(m.status, MemberStatus::Leaving | MemberStatus::Exiting)
+                });
+                if announce && leaving {
+                    self.send_all(state, WireMsg::HandedOver(state.self_node.clone()));
+                }
+            }
+        }
+        if let SingletonDecision::WaitFor(who) = &decision {
+            if announce {
+                tracing::debug!(
+                    singleton = self.shared.settings.name,
+                    ?who,
+                    "waiting for hand-over"
+                );
+            }
+        }
+    }
+
+    fn start_instance(&mut self, state: &ClusterState) {
+        let system = self.shared.cluster.remote().system().clone();
+        let actor = system.spawn_props((self.factory)());
+        self.shared
+            .cluster
+            .remote()
+            .register(&self.shared.instance_path, actor.clone());
+        tracing::info!(singleton = self.shared.settings.name, node = %state.self_node.node_id, "singleton instance started");
+        self.instance = Some(actor.clone());
+        self.shared.hosting_tx.send_replace(true);
+        self.shared
+            .set_host(state.self_node.clone(), Target::Local(actor));
+        self.send_all(state, WireMsg::Hosting(state.self_node.clone()));
+    }
+
+    async fn stop_instance(&mut self) {
+        let Some(actor) = self.instance.take() else {
+            return;
+        };
+        let self_node = self.shared.cluster.self_node().clone();
+        self.shared.clear_host_if(&self_node);
+        self.shared
+            .cluster
+            .remote()
+            .unregister(&self.shared.instance_path);
+        actor.graceful_stop();
+        actor.terminated().await;
+        tracing::info!(singleton = self.shared.settings.name, node = %self_node.node_id, "singleton instance stopped");
+        self.shared.hosting_tx.send_replace(false);
+    }
+
+    fn send_all(&self, state: &ClusterState, msg: WireMsg) {
+        for m in &state.members {
+            if m.node == state.self_node
+                || matches!(m.status, MemberStatus::Down | MemberStatus::Removed)
+            {
+                continue;
+            }
+            let to: RemoteRef<WireMsg> = self
+                .shared
+                .cluster
+                .remote()
+                .lookup(&self.shared.manager_path, &m.node.address);
+            let _ = to.try_tell_control(msg.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(n: u64, status: MemberStatus, up: Option<u64>, roles: &[&str]) -> Member {
+        Member {
+            node: UniqueAddress::new(format!("10.0.0.{n}:7000"), format!("n{n}"), 1),
+            status,
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+            up_number: up,
+        }
+    }
+
+    fn none() -> BTreeSet<UniqueAddress> {
+        BTreeSet::new()
+    }
+
+    #[test]
+    fn oldest_up_member_hosts_by_up_number_not_address() {
+        let a = member(1, MemberStatus::Up, Some(3), &[]);
+        let b = member(2, MemberStatus::Up, Some(1), &[]);
+        let c = member(3, MemberStatus::Up, Some(2), &[]);
+        let ms = [a.clone(), b.clone(), c.clone()];
+        assert_eq!(decide(&ms, &b.node, None, &none()), SingletonDecision::Host);
+        assert_eq!(
+            decide(&ms, &a.node, None, &none()),
+            SingletonDecision::NotOldest(Some(b.node.clone()))
+        );
+        assert_eq!(
+            decide(&ms, &c.node, None, &none()),
+            SingletonDecision::NotOldest(Some(b.node.clone()))
+        );
+    }
+
+    #[test]
+    fn joining_and_weakly_up_members_never_host() {
+        let a = member(1, MemberStatus::Joining, None, &[]);
+        let b = member(2, MemberStatus::WeaklyUp, None, &[]);
+        let ms = [a.clone(), b.clone()];
+        assert_eq!(
+            decide(&ms, &a.node, None, &none()),
+            SingletonDecision::NotOldest(None)
+        );
+        assert_eq!(
+            decide(&ms, &b.node, None, &none()),
+            SingletonDecision::NotOldest(None)
+        );
+    }
+
+    #[test]
+    fn role_restricts_the_candidates_and_the_blockers() {
+        let a = member(1, MemberStatus::Up, Some(1), &[]);
+        let b = member(2, MemberStatus::Up, Some(2), &["backend"]);
+        let c = member(3, MemberStatus::Up, Some(3), &["backend"]);
+        let ms = [a.clone(), b.clone(), c.clone()];
+        let role = Some("backend");
+        assert_eq!(decide(&ms, &b.node, role, &none()), SingletonDecision::Host);
+        assert_eq!(
+            decide(&ms, &a.node, role, &none()),
+            SingletonDecision::NotOldest(Some(b.node.clone()))
+        );
+        // An older member without the role leaving does not block.
+        let ms = [a.with_status(MemberStatus::Leaving).unwrap(), b.clone()];
+        assert_eq!(decide(&ms, &b.node, role, &none()), SingletonDecision::Host);
+    }
+
+    #[test]
+    fn leaving_host_blocks_until_it_handed_over() {
+        let a = member(1, MemberStatus::Leaving, Some(1), &[]);
+        let b = member(2, MemberStatus::Up, Some(2), &[]);
+        let c = member(3, MemberStatus::Up, Some(3), &[]);
+        let ms = [a.clone(), b.clone(), c.clone()];
+        assert_eq!(
+            decide(&ms, &b.node, None, &none()),
+            SingletonDecision::WaitFor(vec![a.node.clone()])
+        );
+        assert_eq!(
+            decide(&ms, &c.node, None, &none()),
+            SingletonDecision::NotOldest(Some(b.node.clone()))
+        );
+        let done = BTreeSet::from([a.node.clone()]);
+        assert_eq!(decide(&ms, &b.node, None, &done), SingletonDecision::Host);
+        // Exiting (or a removed member passed as Exiting) blocks the same way.
+        let ms = [a.with_status(MemberStatus::Exiting).unwrap(), b.clone()];
+        assert_eq!(
+            decide(&ms, &b.node, None, &none()),
+            SingletonDecision::WaitFor(vec![a.node.clone()])
+        );
+        // A younger leaving member does not block.
+        let d = member(4, MemberStatus::Leaving, Some(4), &[]);
+        let ms = [b.clone(), d];
+        assert_eq!(decide(&ms, &b.node, None, &none()), SingletonDecision::Host);
+    }
+
+    #[test]
+    fn unreachable_host_stays_until_down_then_next_oldest_hosts() {
+        let a = member(1, MemberStatus::Up, Some(1), &[]);
+        let b = member(2, MemberStatus::Up, Some(2), &[]);
+        // Unreachable is not a status: a stays the oldest Up member.
+        let ms = [a.clone(), b.clone()];
+        assert_eq!(
+            decide(&ms, &b.node, None, &none()),
+            SingletonDecision::NotOldest(Some(a.node.clone()))
+        );
+        let ms = [a.with_status(MemberStatus::Down).unwrap(), b.clone()];
+        assert_eq!(decide(&ms, &b.node, None, &none()), SingletonDecision::Host);
+        assert_eq!(
+            decide(&ms, &a.node, None, &none()),
+            SingletonDecision::NotOldest(Some(b.node.clone()))
+        );
+    }
+
+    #[test]
+    fn at_most_one_host_in_any_shared_view() {
+        // Every combination of statuses of three members: in one view, at most one decides Host.
+        use MemberStatus::*;
+        let statuses = [Joining, WeaklyUp, Up, Leaving, Exiting, Down];
+        for s1 in statuses {
+            for s2 in statuses {
+                for s3 in statuses {
+                    let ms: Vec<Member> = [(1, s1), (2, s2), (3, s3)]
+                        .into_iter()
+                        .map(|(n, s)| {
+                            let up = (!matches!(s, Joining | WeaklyUp)).then_some(n);
+                            member(n, s, up, &[])
+                        })
+                        .collect();
+                    let hosts = ms
+                        .iter()
+                        .filter(|m| decide(&ms, &m.node, None, &none()) == SingletonDecision::Host)
+                        .count();
+                    assert!(hosts <= 1, "{ms:?}");
+                }
+            }
+        }
+    }
+}

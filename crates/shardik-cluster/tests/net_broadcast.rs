@@ -1,0 +1,115 @@
+//! Cluster broadcast across three nodes over real TCP: a tell reaches every member's
+//! instance, an ask collects one reply per member, and a crashed member (still `Up`, not yet
+//! downed) is reported as missing.
+
+mod netutil;
+
+use std::time::Duration;
+
+use netutil::*;
+use serde::{Deserialize, Serialize};
+use shardik_actor::{Actor, ActorError, AskError, Context, ReplyTo};
+use shardik_cluster::member::MemberStatus;
+use shardik_cluster::runtime::ClusterBroadcast;
+
+#[derive(Serialize, Deserialize)]
+enum Msg {
+    Note(String),
+    /// The node's id and the notes it got.
+    Notes(ReplyTo<(String, Vec<String>)>),
+}
+
+struct Notebook {
+    node: String,
+    notes: Vec<String>,
+}
+
+impl Actor for Notebook {
+    type Msg = Msg;
+    async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        match msg {
+            Msg::Note(n) => self.notes.push(n),
+            Msg::Notes(reply) => reply.reply((self.node.clone(), self.notes.clone())),
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tell_and_ask_every_member_and_report_the_missing() {
+    let (nodes, _) = cluster_of(3, None).await;
+    let casts: Vec<ClusterBroadcast<Msg>> = nodes
+        .iter()
+        .map(|n| {
+            let a = n.system.spawn(Notebook {
+                node: n.id().node_id.clone(),
+                notes: Vec::new(),
+            });
+            ClusterBroadcast::register(&n.cluster, "/user/notebook", a)
+        })
+        .collect();
+
+    // A tell from n1 reaches all three; an ask from n1 afterwards sees it on each (one
+    // sender's messages to one actor keep their order).
+    let sent = casts[1].tell_with(|| Msg::Note("hello".into()));
+    assert_eq!(sent.len(), 3);
+    let r = casts[1].ask(Msg::Notes, Duration::from_secs(5)).await;
+    assert!(r.missing.is_empty(), "{:?}", r.missing);
+    let mut got: Vec<_> = r
+        .replies
+        .iter()
+        .map(|(node, (id, notes))| {
+            assert_eq!(node.node_id, *id);
+            (id.clone(), notes.clone())
+        })
+        .collect();
+    got.sort();
+    let want: Vec<_> = ["n0", "n1", "n2"]
+        .iter()
+        .map(|n| (n.to_string(), vec!["hello".to_string()]))
+        .collect();
+    assert_eq!(got, want);
+
+    // A node without a local instance of its own reports itself missing.
+    let remote_only = ClusterBroadcast::<Msg>::new(&nodes[0].cluster, "/user/notebook");
+    let r = remote_only.ask(Msg::Notes, Duration::from_secs(5)).await;
+    assert_eq!(r.replies.len(), 2);
+    assert_eq!(r.missing.len(), 1);
+    assert_eq!(r.missing[0].0, *nodes[0].id());
+
+    // n2 crashes. It is still Up (its failure is not detected yet), so it is asked and
+    // reported missing; the others answer.
+    let dead = nodes[2].id().clone();
+    nodes[2].cluster.remote().shutdown().await;
+    assert_eq!(status(&nodes[0].cluster, &dead), Some(MemberStatus::Up));
+    let r = casts[0].ask(Msg::Notes, Duration::from_millis(500)).await;
+    let answered: Vec<_> = r.replies.iter().map(|(n, _)| n.node_id.clone()).collect();
+    assert_eq!(answered, sorted(&nodes[..2]));
+    assert_eq!(r.missing.len(), 1, "{:?}", r.missing);
+    assert_eq!(r.missing[0].0, dead);
+    assert!(
+        matches!(
+            r.missing[0].1,
+            AskError::Timeout(_) | AskError::Undeliverable(_)
+        ),
+        "{:?}",
+        r.missing[0].1
+    );
+    // Once it is Down, broadcasts no longer include it.
+    wait(&nodes[0].cluster, "n2 down", Duration::from_secs(10), |s| {
+        s.member(&dead)
+            .is_none_or(|m| m.status == MemberStatus::Down)
+    })
+    .await;
+    let r = casts[0].ask(Msg::Notes, Duration::from_secs(5)).await;
+    assert_eq!(r.replies.len(), 2);
+    assert!(r.missing.is_empty(), "{:?}", r.missing);
+    stop_all(&nodes).await;
+}
+
+/// The node ids of `nodes`, in address order (the order of the replies).
+fn sorted(nodes: &[Node]) -> Vec<String> {
+    let mut ids: Vec<_> = nodes.iter().map(|n| n.id().clone()).collect();
+    ids.sort();
+    ids.into_iter().map(|n| n.node_id).collect()
+}

@@ -1,0 +1,198 @@
+//! The receptionist across three nodes over real TCP: registrations are found from other
+//! nodes, subscriptions see changes, a stopped actor is dropped, and the entries of a crashed
+//! node are dropped on the survivors once it is `Down`.
+
+mod netutil;
+
+use std::time::Duration;
+
+use netutil::*;
+use serde::{Deserialize, Serialize};
+use shardik_actor::{Actor, ActorError, Context, ReplyTo};
+use shardik_cluster::runtime::{Listing, ListingSubscription, Receptionist, ServiceKey};
+
+#[derive(Serialize, Deserialize)]
+struct Echo {
+    text: String,
+    reply: ReplyTo<String>,
+}
+
+struct EchoActor {
+    node: String,
+}
+
+impl Actor for EchoActor {
+    type Msg = Echo;
+    async fn handle(&mut self, msg: Echo, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        msg.reply.reply(format!("{}:{}", self.node, msg.text));
+        Ok(())
+    }
+}
+
+/// Another message type, to check that a key name reused with another type finds nothing.
+#[derive(Serialize, Deserialize)]
+struct Other(u32);
+
+async fn next_matching<M>(
+    sub: &mut ListingSubscription<M>,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&Listing<M>) -> bool,
+) -> Listing<M>
+where
+    M: Serialize + Send + 'static,
+{
+    let wait = async {
+        loop {
+            let l = sub.recv().await.expect("receptionist running");
+            if pred(&l) {
+                return l;
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, wait).await {
+        Ok(l) => l,
+        Err(_) => panic!("{what}: not within {timeout:?}"),
+    }
+}
+
+fn node_ids<M>(l: &Listing<M>) -> Vec<String>
+where
+    M: Serialize + Send + 'static,
+{
+    let mut v: Vec<String> = l.refs().iter().map(|r| r.node().node_id.clone()).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_are_found_followed_and_dropped_across_nodes() {
+    let (nodes, _) = cluster_of(3, None).await;
+    let key = ServiceKey::<Echo>::new("echo");
+    let recs: Vec<Receptionist> = nodes
+        .iter()
+        .map(|n| Receptionist::get(&n.cluster))
+        .collect();
+    let mut sub0 = recs[0].subscribe(&key);
+    let first = sub0.recv().await.unwrap();
+    assert!(first.is_empty());
+
+    // Register on n1 and n2; n0 sees both.
+    let actors: Vec<_> = nodes
+        .iter()
+        .map(|n| {
+            n.system.spawn(EchoActor {
+                node: n.id().node_id.clone(),
+            })
+        })
+        .collect();
+    recs[1].register(&key, actors[1].clone());
+    recs[2].register(&key, actors[2].clone());
+    let l = next_matching(
+        &mut sub0,
+        "n1 and n2 listed on n0",
+        Duration::from_secs(5),
+        |l| l.len() == 2,
+    )
+    .await;
+    assert_eq!(node_ids(&l), ["n1", "n2"]);
+    // find gives working refs of the right type.
+    let found = recs[0].find(&key);
+    assert_eq!(found.len(), 2);
+    for r in found.refs() {
+        assert!(!r.is_local());
+        let text = "hi".to_string();
+        let reply = r
+            .ask(
+                |reply| Echo {
+                    text: text.clone(),
+                    reply,
+                },
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        assert_eq!(reply, format!("{}:hi", r.node().node_id));
+    }
+    // The same name with another message type is another service.
+    assert!(recs[0].find(&ServiceKey::<Other>::new("echo")).is_empty());
+
+    // A registration on n0 itself: local ref, and n2's subscription sees all three.
+    let mut sub2 = recs[2].subscribe(&key);
+    recs[0].register(&key, actors[0].clone());
+    let local = recs[0].find(&key);
+    assert_eq!(local.len(), 3);
+    assert!(local.refs().iter().any(|r| r.is_local()));
+    let l = next_matching(
+        &mut sub2,
+        "three listed on n2",
+        Duration::from_secs(5),
+        |l| l.len() == 3,
+    )
+    .await;
+    assert_eq!(node_ids(&l), ["n0", "n1", "n2"]);
+
+    // Deregistering on n0 and stopping n1's actor: n2 sees only its own.
+    assert!(recs[0].deregister(&key, &actors[0]));
+    actors[1].stop();
+    let l = next_matching(
+        &mut sub2,
+        "only n2 left on n2",
+        Duration::from_secs(5),
+        |l| node_ids(l) == ["n2"],
+    )
+    .await;
+    assert!(l.refs()[0].is_local());
+
+    // n2 crashes: once it is Down, n0 and n1 drop its entry.
+    let again = nodes[1].system.spawn(EchoActor { node: "n1".into() });
+    recs[1].register(&key, again);
+    next_matching(
+        &mut sub0,
+        "n1 and n2 on n0 again",
+        Duration::from_secs(5),
+        |l| node_ids(l) == ["n1", "n2"],
+    )
+    .await;
+    let mut sub1 = recs[1].subscribe(&key);
+    next_matching(&mut sub1, "n1 and n2 on n1", Duration::from_secs(5), |l| {
+        node_ids(l) == ["n1", "n2"]
+    })
+    .await;
+    nodes[2].cluster.remote().shutdown().await;
+    for sub in [&mut sub0, &mut sub1] {
+        next_matching(sub, "crashed n2 dropped", Duration::from_secs(10), |l| {
+            node_ids(l) == ["n1"]
+        })
+        .await;
+    }
+    // It was dropped because it is Down (or already removed), not earlier.
+    let dead = nodes[2].id().clone();
+    for n in &nodes[..2] {
+        let s = n.cluster.state();
+        assert!(s
+            .member(&dead)
+            .is_none_or(|m| m.status == shardik_cluster::member::MemberStatus::Down));
+    }
+    stop_all(&nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_joins_later_gets_the_existing_entries() {
+    let (mut nodes, _) = cluster_of(2, None).await;
+    let key = ServiceKey::<Echo>::new("echo");
+    let a = nodes[0].system.spawn(EchoActor { node: "n0".into() });
+    Receptionist::get(&nodes[0].cluster).register(&key, a);
+    let seed = nodes[0].id().address.clone();
+    nodes.push(start(config("n2").seed_nodes([seed])).await);
+    let mut sub = Receptionist::get(&nodes[2].cluster).subscribe(&key);
+    let l = next_matching(
+        &mut sub,
+        "n0's entry on the joiner",
+        Duration::from_secs(10),
+        |l| l.len() == 1,
+    )
+    .await;
+    assert_eq!(node_ids(&l), ["n0"]);
+    stop_all(&nodes).await;
+}

@@ -1,0 +1,254 @@
+//! The cluster singleton across three nodes over real TCP: exactly one instance, hand-over on
+//! a graceful leave of its node (the old instance stops before the new one starts, and
+//! messages sent through a proxy during the hand-over are delivered), restart on the next
+//! oldest node after a crash (only once the crashed node is `Down`), and a bounded proxy
+//! buffer.
+
+mod netutil;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use netutil::*;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use shardik_actor::{Actor, ActorError, Context, Props, ReplyTo};
+use shardik_cluster::member::MemberStatus;
+use shardik_cluster::runtime::{Cluster, ClusterSingleton, SingletonError, SingletonSettings};
+
+#[derive(Serialize, Deserialize)]
+enum Msg {
+    Add(u64),
+    /// Which node runs the instance, and what it received.
+    Get(ReplyTo<(String, Vec<u64>)>),
+}
+
+/// Who is alive, shared by all nodes of the test (they run in one process).
+#[derive(Default)]
+struct Witness {
+    alive: AtomicUsize,
+    max_alive: AtomicUsize,
+    log: Mutex<Vec<String>>,
+    /// For every instance started: its node, and that node's view at that moment.
+    views: Mutex<Vec<(String, View)>>,
+}
+
+/// The status of every member (by node id) in one node's view; removed members are absent.
+type View = Vec<(String, MemberStatus)>;
+
+struct Counter {
+    node: String,
+    got: Vec<u64>,
+    witness: Arc<Witness>,
+}
+
+impl Actor for Counter {
+    type Msg = Msg;
+    async fn started(&mut self, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        let n = self.witness.alive.fetch_add(1, Ordering::SeqCst) + 1;
+        self.witness.max_alive.fetch_max(n, Ordering::SeqCst);
+        self.witness.log.lock().push(format!("start {}", self.node));
+        Ok(())
+    }
+    async fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.witness.log.lock().push(format!("stop {}", self.node));
+        self.witness.alive.fetch_sub(1, Ordering::SeqCst);
+    }
+    async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        match msg {
+            Msg::Add(n) => self.got.push(n),
+            Msg::Get(reply) => reply.reply((self.node.clone(), self.got.clone())),
+        }
+        Ok(())
+    }
+}
+
+fn start_singleton(cluster: &Cluster, witness: &Arc<Witness>) -> ClusterSingleton<Msg> {
+    let node = cluster.self_node().node_id.clone();
+    let witness = witness.clone();
+    let c = cluster.clone();
+    ClusterSingleton::start(cluster, SingletonSettings::new("counter"), move || {
+        let node = node.clone();
+        let view = c
+            .state()
+            .members
+            .iter()
+            .map(|m| (m.node.node_id.clone(), m.status))
+            .collect();
+        witness.views.lock().push((node.clone(), view));
+        let witness = witness.clone();
+        Props::new(move || Counter {
+            node: node.clone(),
+            got: Vec::new(),
+            witness: witness.clone(),
+        })
+    })
+}
+
+async fn within<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: not within {secs} s"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_handed_over_on_leave_and_restarted_after_crash() {
+    // Four nodes, so that after one left and one crashed, the other two are a majority.
+    let (nodes, _) = cluster_of(4, None).await;
+    let witness = Arc::new(Witness::default());
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| start_singleton(&n.cluster, &witness))
+        .collect();
+
+    // The oldest member (n0, moved up first) runs the only instance; every proxy finds it.
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    for (i, s) in singletons.iter().enumerate() {
+        let p = s.proxy();
+        let (host, _) = within("proxy answer", 5, p.ask(Msg::Get, Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert_eq!(host, "n0", "proxy on n{i}");
+    }
+    assert!(singletons[1..].iter().all(|s| !s.is_hosting()));
+    assert_eq!(witness.alive.load(Ordering::SeqCst), 1);
+
+    // The members by age (up-number): n0 formed the cluster, the others were moved up
+    // together, in address order (so the order of n1..n3 depends on their ports).
+    let state = nodes[0].cluster.state();
+    let mut by_age: Vec<usize> = (0..nodes.len()).collect();
+    by_age.sort_by_key(|&i| state.member(nodes[i].id()).unwrap().up_number);
+    let name = |i: usize| format!("n{i}");
+    let (a, b, c) = (by_age[1], by_age[2], by_age[3]);
+    assert_eq!(by_age[0], 0);
+
+    // n0 leaves. Once b and c see it Leaving, messages through their proxies are buffered
+    // (or go to the new instance): all are delivered to the new instance on a.
+    let leaver = nodes[0].cluster.clone();
+    let leave = tokio::spawn(async move { leaver.leave().await });
+    let old = nodes[0].id().clone();
+    for i in [b, c] {
+        wait(
+            &nodes[i].cluster,
+            "n0 leaving",
+            Duration::from_secs(5),
+            |s| s.member(&old).is_none_or(|m| m.status != MemberStatus::Up),
+        )
+        .await;
+    }
+    let (pb, pc) = (singletons[b].proxy(), singletons[c].proxy());
+    for i in 1..=10 {
+        pb.tell(Msg::Add(i)).unwrap();
+        pc.tell(Msg::Add(100 + i)).unwrap();
+    }
+    within("a hosts", 10, singletons[a].wait_hosting(true)).await;
+    // Each proxy's messages arrive in order, before its own later ask (messages of two
+    // senders are not ordered with respect to each other).
+    for (p, range) in [(&pb, 1..=10u64), (&pc, 101..=110)] {
+        let (host, got) = within(
+            "ask after hand-over",
+            10,
+            p.ask(Msg::Get, Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(host, name(a));
+        let mine: Vec<u64> = got.iter().copied().filter(|v| range.contains(v)).collect();
+        assert_eq!(mine, range.collect::<Vec<_>>(), "{got:?}");
+    }
+    within("n0 left", 10, leave).await.unwrap();
+    let rest: Vec<_> = [a, b, c].iter().map(|&i| nodes[i].id().clone()).collect();
+    for &i in &[a, b, c] {
+        wait(
+            &nodes[i].cluster,
+            "n0 removed",
+            Duration::from_secs(5),
+            |s| s.all_up(&rest),
+        )
+        .await;
+    }
+    assert_eq!(
+        *witness.log.lock(),
+        [
+            "start n0".to_string(),
+            "stop n0".into(),
+            format!("start {}", name(a))
+        ],
+        "the old instance stopped before the new one started"
+    );
+
+    // a crashes (its remoting dies without leaving). b (next oldest) starts a new instance,
+    // only once a is Down in its view.
+    nodes[a].cluster.remote().shutdown().await;
+    within(
+        "b hosts after the crash",
+        15,
+        singletons[b].wait_hosting(true),
+    )
+    .await;
+    {
+        let views = witness.views.lock();
+        let (node, view) = views.last().unwrap();
+        assert_eq!(*node, name(b));
+        let was = view.iter().find(|(id, _)| *id == name(a)).map(|(_, s)| *s);
+        assert!(
+            was.is_none_or(|s| s == MemberStatus::Down),
+            "a was {was:?} when b started"
+        );
+    }
+    assert!(!singletons[c].is_hosting());
+    let (host, got) = within(
+        "ask after crash",
+        5,
+        pc.ask(Msg::Get, Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(host, name(b));
+    assert!(got.is_empty(), "a new instance: {got:?}");
+    let log = witness.log.lock().clone();
+    let expected: Vec<String> = vec![
+        "start n0".into(),
+        "stop n0".into(),
+        format!("start {}", name(a)),
+        format!("stop {}", name(a)),
+        format!("start {}", name(b)),
+    ];
+    assert_eq!(log, expected);
+    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1, "{log:?}");
+    stop_all(&nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_buffer_is_bounded_while_no_instance_is_known() {
+    let (nodes, _) = cluster_of(2, None).await;
+    // Nobody has the role: no instance, the proxy only buffers.
+    let singletons: Vec<ClusterSingleton<Msg>> = nodes
+        .iter()
+        .map(|n| {
+            ClusterSingleton::start(
+                &n.cluster,
+                SingletonSettings::new("nowhere")
+                    .role("nobody")
+                    .buffer_size(3),
+                || -> Props<Counter> { unreachable!("no member has the role") },
+            )
+        })
+        .collect();
+    let p = singletons[1].proxy();
+    for i in 0..3 {
+        p.tell(Msg::Add(i)).unwrap();
+    }
+    assert_eq!(p.buffered(), 3);
+    assert_eq!(p.host(), None);
+    assert_eq!(
+        p.tell(Msg::Add(3)),
+        Err(SingletonError::BufferFull {
+            name: "nowhere".into(),
+            capacity: 3
+        })
+    );
+    stop_all(&nodes).await;
+}
