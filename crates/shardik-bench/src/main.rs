@@ -6,10 +6,11 @@
 //! cargo run --release -p shardik-bench -- local --quick --filter ask
 //! cargo run --release -p shardik-bench -- remote           # two processes on loopback
 //! cargo run --release -p shardik-bench -- cluster          # failure detection, convergence
+//! cargo run --release -p shardik-bench -- persistence      # SQLite and PostgreSQL stores
 //! ```
 //!
-//! Every suite is a subcommand with its own module (`local`, `remote` and `cluster` now;
-//! `persistence` later) and prints [`report::Record`]s, whose JSON form is the contract that
+//! Every suite is a subcommand with its own module (`local`, `remote`, `cluster` and
+//! `persistence`) and prints [`report::Record`]s, whose JSON form is the contract that
 //! tooling reads. Hidden subcommands (`probe-idle`, `remote-peer`, `cluster-peer`) are helpers
 //! that a suite runs in a child process.
 #![warn(missing_docs)]
@@ -17,6 +18,7 @@
 mod cluster;
 mod harness;
 mod local;
+mod persistence;
 mod remote;
 mod report;
 
@@ -48,6 +50,8 @@ enum Command {
     /// The killed node of the `cluster` suite; run by the suite in a child process.
     #[command(hide = true)]
     ClusterPeer(cluster::peer::PeerArgs),
+    /// Event-sourced entities on SQLite and PostgreSQL: persisted events/s, recovery time.
+    Persistence(SuiteOptions),
 }
 
 /// Options every suite takes.
@@ -93,6 +97,7 @@ fn main() {
         Command::RemotePeer(args) => remote::peer::serve(&args),
         Command::Cluster(opts) => run_suite(&opts, cluster::run),
         Command::ClusterPeer(args) => cluster::peer::serve(&args),
+        Command::Persistence(opts) => run_suite(&opts, persistence::run),
     }
 }
 

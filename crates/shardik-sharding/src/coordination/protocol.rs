@@ -1,0 +1,230 @@
+//! The messages of the coordination protocol and the identifiers they carry.
+//!
+//! Three enums, one per direction: [`ToCoordinator`] (region → coordinator), [`ToRegion`]
+//! (coordinator → region) and [`PeerMsg`] (region → region: forwarded entity messages and
+//! hand-off fences, which must travel on the same ordered channel). All are serde-serializable
+//! so the IO layer can carry them as they are.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ShardId;
+
+/// The identity of a region: one entity type on one node incarnation (e.g. `host:port:uid`).
+///
+/// Ordered, so ties in allocation are broken deterministically by region id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RegionId(pub String);
+
+impl RegionId {
+    /// A region id from anything string-like.
+    pub fn new(id: impl Into<String>) -> Self {
+        RegionId(id.into())
+    }
+}
+
+impl fmt::Display for RegionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A coordinator incarnation. Bumped (and persisted) by every coordinator that takes over.
+pub type Epoch = u64;
+
+/// The version of the coordinator state: bumped by every [`StateUpdate`](super::StateUpdate).
+pub type Version = u64;
+
+/// Names one hand-off attempt of one coordinator incarnation; a retry after an abort gets a new id,
+/// so late acknowledgements of an aborted attempt are recognised and ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HandOffId {
+    /// The epoch of the coordinator that started it.
+    pub epoch: Epoch,
+    /// A sequence number within that epoch.
+    pub seq: u64,
+}
+
+/// An entity message on its way to the region that hosts its shard.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope<M> {
+    /// The entity id.
+    pub entity_id: String,
+    /// The shard of the entity id (computed once by the sender's region).
+    pub shard: ShardId,
+    /// How many times regions forwarded it (bounded by `RegionConfig::max_hops` to stop loops
+    /// between regions whose caches disagree for a moment).
+    pub hops: u8,
+    /// The message itself.
+    pub payload: M,
+}
+
+impl<M> Envelope<M> {
+    /// A new envelope with zero hops.
+    pub fn new(entity_id: impl Into<String>, shard: ShardId, payload: M) -> Self {
+        Envelope {
+            entity_id: entity_id.into(),
+            shard,
+            hops: 0,
+            payload,
+        }
+    }
+}
+
+/// Messages a region sends to the coordinator of its entity type.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToCoordinator {
+    /// Register (or re-register after a coordinator change). Idempotent; retried until
+    /// [`ToRegion::RegisterAck`] or [`ToRegion::RegisterRefused`] arrives.
+    Register {
+        /// The region's shard count; must equal the coordinator's.
+        shard_count: u32,
+        /// Proxy-only: routes, never hosts.
+        proxy: bool,
+    },
+    /// Where does this shard live? Answered with [`ToRegion::ShardHome`], allocating if needed.
+    GetShardHome {
+        /// The epoch the region registered with.
+        epoch: Epoch,
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The region stopped routing to the shard and buffers its messages.
+    BeginHandOffAck {
+        /// The hand-off.
+        id: HandOffId,
+        /// The shard.
+        shard: ShardId,
+        /// The region to which a [`PeerMsg::Fence`] was sent (the home it had cached), if any.
+        fenced: Option<RegionId>,
+    },
+    /// The owner stopped every entity of the shard (answer to [`ToRegion::HandOff`], repeated
+    /// if the hand-off is sent again).
+    ShardStopped {
+        /// The hand-off.
+        id: HandOffId,
+        /// The shard.
+        shard: ShardId,
+    },
+}
+
+impl ToCoordinator {
+    /// The epoch the message was sent under, if it carries one (`Register` does not).
+    pub fn epoch(&self) -> Option<Epoch> {
+        match self {
+            ToCoordinator::Register { .. } => None,
+            ToCoordinator::GetShardHome { epoch, .. } => Some(*epoch),
+            ToCoordinator::BeginHandOffAck { id, .. } | ToCoordinator::ShardStopped { id, .. } => {
+                Some(id.epoch)
+            }
+        }
+    }
+}
+
+/// Why the coordinator refused a region's registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RegisterError {
+    /// The region was started with another shard count than the coordinator's: entities would be
+    /// homed twice. Every node must use the same shard count for an entity type.
+    #[error(
+        "shard count mismatch: the coordinator uses {coordinator} shards, this region {region}; \
+         every node must start the entity type with the same shard count"
+    )]
+    ShardCountMismatch {
+        /// The coordinator's shard count.
+        coordinator: u32,
+        /// The region's shard count.
+        region: u32,
+    },
+    /// The region's node was downed; a downed incarnation never comes back.
+    #[error("region {0} was downed and cannot register again")]
+    Downed(RegionId),
+}
+
+/// Messages the coordinator sends to a region.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToRegion {
+    /// Registration accepted under `epoch`, with every shard home known (durably) at that point.
+    /// Shards not listed are unallocated or moving; the region asks for them when needed.
+    RegisterAck {
+        /// The coordinator's epoch.
+        epoch: Epoch,
+        /// Shard homes.
+        homes: Vec<(ShardId, RegionId)>,
+    },
+    /// Registration refused; the region stops retrying and refuses messages.
+    RegisterRefused {
+        /// The coordinator's epoch.
+        epoch: Epoch,
+        /// Why.
+        error: RegisterError,
+    },
+    /// A shard's home (durably recorded). Sent to the asker, and broadcast to all regions when a
+    /// shard is allocated or a hand-off ends.
+    ShardHome {
+        /// The coordinator's epoch.
+        epoch: Epoch,
+        /// The shard.
+        shard: ShardId,
+        /// Its home.
+        region: RegionId,
+    },
+    /// Stop routing to `shard`, buffer its messages, and acknowledge.
+    BeginHandOff {
+        /// The hand-off.
+        id: HandOffId,
+        /// The shard.
+        shard: ShardId,
+    },
+    /// To the owner: once the fences of `fences` have arrived, stop the shard's entities and answer
+    /// [`ToCoordinator::ShardStopped`].
+    HandOff {
+        /// The hand-off.
+        id: HandOffId,
+        /// The shard.
+        shard: ShardId,
+        /// Regions that sent a [`PeerMsg::Fence`] to the owner: after it, they send nothing more for
+        /// this shard, so every message they forwarded before has arrived.
+        fences: Vec<RegionId>,
+    },
+    /// The region's message carried an epoch older than the coordinator's: register again.
+    StaleEpoch {
+        /// The coordinator's epoch.
+        epoch: Epoch,
+    },
+    /// To a leaving region: all its shards have been handed off; it may exit.
+    LeaveComplete {
+        /// The coordinator's epoch.
+        epoch: Epoch,
+    },
+}
+
+impl ToRegion {
+    /// The epoch the message was sent under.
+    pub fn epoch(&self) -> Epoch {
+        match self {
+            ToRegion::RegisterAck { epoch, .. }
+            | ToRegion::RegisterRefused { epoch, .. }
+            | ToRegion::ShardHome { epoch, .. }
+            | ToRegion::StaleEpoch { epoch }
+            | ToRegion::LeaveComplete { epoch } => *epoch,
+            ToRegion::BeginHandOff { id, .. } | ToRegion::HandOff { id, .. } => id.epoch,
+        }
+    }
+}
+
+/// Messages between regions, on one ordered channel per pair.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerMsg<M> {
+    /// An entity message forwarded to the region believed to host its shard.
+    Deliver(Envelope<M>),
+    /// Sent on [`ToRegion::BeginHandOff`] to the home the sender had cached: nothing more for
+    /// `shard` follows from this sender until the shard has a new home.
+    Fence {
+        /// The hand-off.
+        id: HandOffId,
+        /// The shard.
+        shard: ShardId,
+    },
+}

@@ -1,0 +1,871 @@
+//! The region side of one entity type on one node, as a sans-IO state machine.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use super::protocol::{
+    Envelope, Epoch, HandOffId, PeerMsg, RegionId, RegisterError, ToCoordinator, ToRegion,
+};
+use crate::ShardId;
+
+/// Settings of a [`RegionState`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionConfig {
+    /// Shard count; must equal the coordinator's.
+    pub shard_count: u32,
+    /// Proxy-only: route, never host.
+    pub proxy: bool,
+    /// Messages buffered per shard while its home is unknown or it moves (default 10 000).
+    pub buffer_limit: usize,
+    /// Interval between `Register` retries and `GetShardHome` retries (default 2 s).
+    pub retry_interval_ms: u64,
+    /// How long the owner waits for missing fences before stopping the shard anyway. Default
+    /// `None`: wait until the fence arrives or its sender is reported down
+    /// ([`RegionInput::RegionDown`]), which keeps per-sender order across the move. With a
+    /// timeout, a fence delayed longer than it may let that region's earlier messages arrive
+    /// after later ones (never lost, never duplicated, never two owners).
+    pub fence_timeout_ms: Option<u64>,
+    /// How long entities get to stop before [`RegionAction::ForceStopShard`] (default 10 s).
+    pub stop_timeout_ms: u64,
+    /// Forwarding hops after which a message is buffered and its home asked again (default 3).
+    pub max_hops: u8,
+}
+
+impl RegionConfig {
+    /// Defaults for `shard_count` shards.
+    pub fn new(shard_count: u32) -> Self {
+        RegionConfig {
+            shard_count,
+            proxy: false,
+            buffer_limit: 10_000,
+            retry_interval_ms: 2_000,
+            fence_timeout_ms: None,
+            stop_timeout_ms: 10_000,
+            max_hops: 3,
+        }
+    }
+}
+
+/// What a region reacts to (besides [`RegionState::send`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RegionInput<M> {
+    /// A message from the coordinator.
+    FromCoordinator(ToRegion),
+    /// A message from another region.
+    FromPeer {
+        /// The sending region.
+        from: RegionId,
+        /// The message.
+        msg: PeerMsg<M>,
+    },
+    /// A (new) coordinator is reachable: register with it (retried until acknowledged).
+    CoordinatorChanged,
+    /// The IO layer finished stopping the shard's entities (after `StopShard`/`ForceStopShard`).
+    ShardStopped(ShardId),
+    /// Another region is gone (downed or removed): forget it as a home.
+    RegionDown(RegionId),
+    /// Time passed: retries and timeouts.
+    Tick,
+}
+
+/// What a region asks the IO layer to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RegionAction<M> {
+    /// Deliver to the local entity (start it if needed). The shard is hosted here.
+    DeliverLocal(Envelope<M>),
+    /// Send to another region.
+    ToPeer {
+        /// The region.
+        to: RegionId,
+        /// The message.
+        msg: PeerMsg<M>,
+    },
+    /// Send to the coordinator.
+    ToCoordinator(ToCoordinator),
+    /// This region now hosts the shard (with remember-entities: start its entities now).
+    StartShard(ShardId),
+    /// Stop every entity of the shard gracefully, then report [`RegionInput::ShardStopped`].
+    StopShard(ShardId),
+    /// Stopping took longer than `stop_timeout_ms`: stop the shard's entities now.
+    ForceStopShard(ShardId),
+    /// A message forwarded by another region could not be buffered: tell its sender.
+    Rejected(Rejected<M>),
+    /// The coordinator refused this region; every send fails from now on.
+    Refused(RegisterError),
+    /// All shards of this (leaving) region are handed off: the node may exit.
+    LeaveComplete,
+}
+
+/// Why a message was not accepted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The shard's buffer is full (its home is unknown or it is moving).
+    #[error(
+        "buffer of shard {shard} is full ({limit} messages) while its home is unknown or it moves"
+    )]
+    BufferFull {
+        /// The shard.
+        shard: ShardId,
+        /// The limit.
+        limit: usize,
+    },
+    /// The coordinator refused this region.
+    #[error("region refused by the coordinator: {0}")]
+    Refused(RegisterError),
+    /// The shard id is out of range.
+    #[error("shard {shard} out of range (shard count {shard_count})")]
+    BadShard {
+        /// The shard.
+        shard: ShardId,
+        /// The shard count.
+        shard_count: u32,
+    },
+}
+
+/// A refused message and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rejected<M> {
+    /// Why.
+    pub error: SendError,
+    /// The message, handed back.
+    pub envelope: Envelope<M>,
+}
+
+/// Counters for introspection and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegionCoordStats {
+    /// Messages delivered to local entities.
+    pub delivered_local: u64,
+    /// Messages forwarded to other regions.
+    pub forwarded: u64,
+    /// Messages refused because a buffer was full.
+    pub overflow_total: u64,
+    /// Coordinator messages ignored for a stale (or not yet known) epoch.
+    pub stale_ignored: u64,
+    /// Hand-offs where the owner stopped without all fences (timeout).
+    pub fence_timeouts: u64,
+    /// Shards force-stopped after the stop timeout.
+    pub forced_stops: u64,
+    /// `GetShardHome` requests sent.
+    pub home_requests: u64,
+    /// `Register` messages sent.
+    pub register_attempts: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum OwnerPhase {
+    /// `BeginHandOff` seen: local senders buffer; forwards still delivered locally.
+    Begun,
+    /// `HandOff` seen; waiting for fences from these regions.
+    WaitFences {
+        need: BTreeSet<RegionId>,
+        since: u64,
+    },
+    /// Entities stopping; everything buffers.
+    Stopping {
+        since: u64,
+        forced: bool,
+        /// The home learnt while stopping: `Some(self)` means host again afterwards.
+        next_home: Option<RegionId>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Slot {
+    /// Hosted here.
+    Local,
+    /// Cached remote home.
+    Remote(RegionId),
+    /// Home unknown (or moving): buffer and ask.
+    Unknown { last_request: Option<u64> },
+    /// Hosted here and moving away.
+    Owner {
+        id: Option<HandOffId>,
+        phase: OwnerPhase,
+    },
+}
+
+/// Where a shard stands at this region (introspection).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShardView {
+    /// Hosted here.
+    Local,
+    /// Hosted by another region (cached).
+    Remote(RegionId),
+    /// Home unknown; messages buffer.
+    Unknown,
+    /// Hosted here, being handed off (entities live until stopped).
+    HandingOff,
+    /// Entities being stopped.
+    Stopping,
+}
+
+/// The region of one entity type on one node: shard-home cache, bounded buffers, routing and the
+/// region's side of hand-offs, with no IO.
+///
+/// The hot path ([`RegionState::send`] with a cached home) is a map lookup and never involves the
+/// coordinator.
+#[derive(Debug)]
+pub struct RegionState<M> {
+    id: RegionId,
+    config: RegionConfig,
+    epoch: Epoch,
+    registered: bool,
+    refused: Option<RegisterError>,
+    last_register: Option<u64>,
+    slots: HashMap<ShardId, Slot>,
+    buffers: HashMap<ShardId, VecDeque<Envelope<M>>>,
+    /// Fences received per shard for the newest hand-off id seen.
+    fences: HashMap<ShardId, (HandOffId, BTreeSet<RegionId>)>,
+    /// The hand-off id each shard was last stopped for (to answer a repeated `HandOff`).
+    stopped_for: HashMap<ShardId, HandOffId>,
+    leave_complete: bool,
+    now: u64,
+    stats: RegionCoordStats,
+}
+
+impl<M> RegionState<M> {
+    /// A region that will register once told [`RegionInput::CoordinatorChanged`] (or on ticks).
+    pub fn new(id: RegionId, config: RegionConfig) -> Self {
+        RegionState {
+            id,
+            config,
+            epoch: 0,
+            registered: false,
+            refused: None,
+            last_register: None,
+            slots: HashMap::new(),
+            buffers: HashMap::new(),
+            fences: HashMap::new(),
+            stopped_for: HashMap::new(),
+            leave_complete: false,
+            now: 0,
+            stats: RegionCoordStats::default(),
+        }
+    }
+
+    /// This region's id.
+    pub fn id(&self) -> &RegionId {
+        &self.id
+    }
+
+    /// The epoch of the coordinator it registered with last (0 before the first).
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Whether the current coordinator acknowledged the registration.
+    pub fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    /// Whether the coordinator told this (leaving) region that all its shards are handed off.
+    pub fn is_leave_complete(&self) -> bool {
+        self.leave_complete
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &RegionCoordStats {
+        &self.stats
+    }
+
+    /// Shards whose entities live here (hosted, moving or stopping): the single-writer set.
+    pub fn hosted_shards(&self) -> BTreeSet<ShardId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Local | Slot::Owner { .. }))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Where a shard stands here.
+    pub fn shard_view(&self, shard: ShardId) -> ShardView {
+        match self.slots.get(&shard) {
+            Some(Slot::Local) => ShardView::Local,
+            Some(Slot::Remote(r)) => ShardView::Remote(r.clone()),
+            None | Some(Slot::Unknown { .. }) => ShardView::Unknown,
+            Some(Slot::Owner {
+                phase: OwnerPhase::Stopping { .. },
+                ..
+            }) => ShardView::Stopping,
+            Some(Slot::Owner { .. }) => ShardView::HandingOff,
+        }
+    }
+
+    /// Messages buffered now, over all shards.
+    pub fn buffered(&self) -> usize {
+        self.buffers.values().map(VecDeque::len).sum()
+    }
+
+    /// The buffered messages (e.g. to account for them when the node dies).
+    pub fn buffered_envelopes(&self) -> impl Iterator<Item = &Envelope<M>> {
+        self.buffers.values().flatten()
+    }
+
+    /// Route a message from a local sender. Delivered locally, forwarded, or buffered; a full
+    /// buffer hands the message back with [`SendError::BufferFull`] (and counts it).
+    pub fn send(
+        &mut self,
+        now_ms: u64,
+        envelope: Envelope<M>,
+        out: &mut Vec<RegionAction<M>>,
+    ) -> Result<(), Rejected<M>> {
+        self.now = self.now.max(now_ms);
+        if let Some(e) = &self.refused {
+            return Err(Rejected {
+                error: SendError::Refused(e.clone()),
+                envelope,
+            });
+        }
+        if envelope.shard >= self.config.shard_count {
+            return Err(Rejected {
+                error: SendError::BadShard {
+                    shard: envelope.shard,
+                    shard_count: self.config.shard_count,
+                },
+                envelope,
+            });
+        }
+        self.route(envelope, false, out)
+    }
+
+    fn route(
+        &mut self,
+        mut env: Envelope<M>,
+        from_peer: bool,
+        out: &mut Vec<RegionAction<M>>,
+    ) -> Result<(), Rejected<M>> {
+        let shard = env.shard;
+        match self.slots.get(&shard) {
+            Some(Slot::Local) => {
+                self.stats.delivered_local += 1;
+                out.push(RegionAction::DeliverLocal(env));
+                Ok(())
+            }
+            Some(Slot::Owner {
+                phase: OwnerPhase::Begun | OwnerPhase::WaitFences { .. },
+                ..
+            }) if from_peer => {
+                // Sent before the peer's fence: still ours to deliver.
+                self.stats.delivered_local += 1;
+                out.push(RegionAction::DeliverLocal(env));
+                Ok(())
+            }
+            Some(Slot::Remote(r)) if env.hops < self.config.max_hops => {
+                let to = r.clone();
+                env.hops += 1;
+                self.stats.forwarded += 1;
+                out.push(RegionAction::ToPeer {
+                    to,
+                    msg: PeerMsg::Deliver(env),
+                });
+                Ok(())
+            }
+            Some(Slot::Remote(_)) => {
+                // Too many hops: caches disagree. Ask again.
+                self.slots
+                    .insert(shard, Slot::Unknown { last_request: None });
+                self.buffer(env, out)
+            }
+            _ => self.buffer(env, out),
+        }
+    }
+
+    fn buffer(
+        &mut self,
+        env: Envelope<M>,
+        out: &mut Vec<RegionAction<M>>,
+    ) -> Result<(), Rejected<M>> {
+        let shard = env.shard;
+        let buf = self.buffers.entry(shard).or_default();
+        if buf.len() >= self.config.buffer_limit {
+            self.stats.overflow_total += 1;
+            return Err(Rejected {
+                error: SendError::BufferFull {
+                    shard,
+                    limit: self.config.buffer_limit,
+                },
+                envelope: env,
+            });
+        }
+        buf.push_back(env);
+        let slot = self
+            .slots
+            .entry(shard)
+            .or_insert(Slot::Unknown { last_request: None });
+        if let Slot::Unknown { last_request } = slot {
+            if last_request.is_none() && self.registered {
+                *last_request = Some(self.now);
+                self.stats.home_requests += 1;
+                out.push(RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+                    epoch: self.epoch,
+                    shard,
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
+        let Some(buf) = self.buffers.remove(&shard) else {
+            return;
+        };
+        for env in buf {
+            // The slot is Local or Remote here, so nothing is buffered again unless hops run out;
+            // a full buffer cannot happen for a shard whose buffer was just emptied.
+            if let Err(r) = self.route(env, false, out) {
+                out.push(RegionAction::Rejected(r));
+            }
+        }
+    }
+
+    /// Handle one input at time `now_ms`, appending actions to `out`.
+    pub fn handle(&mut self, now_ms: u64, input: RegionInput<M>, out: &mut Vec<RegionAction<M>>) {
+        self.now = self.now.max(now_ms);
+        match input {
+            RegionInput::FromCoordinator(msg) => self.on_coordinator(msg, out),
+            RegionInput::FromPeer { from, msg } => match msg {
+                PeerMsg::Deliver(env) => {
+                    if env.shard >= self.config.shard_count {
+                        return;
+                    }
+                    if let Err(r) = self.route(env, true, out) {
+                        out.push(RegionAction::Rejected(r));
+                    }
+                }
+                PeerMsg::Fence { id, shard } => self.on_fence(from, id, shard, out),
+            },
+            RegionInput::CoordinatorChanged => {
+                if self.refused.is_none() {
+                    self.registered = false;
+                    self.register(out);
+                }
+            }
+            RegionInput::ShardStopped(shard) => self.on_stopped(shard, out),
+            RegionInput::RegionDown(r) => self.on_region_down(r, out),
+            RegionInput::Tick => self.on_tick(out),
+        }
+    }
+
+    fn register(&mut self, out: &mut Vec<RegionAction<M>>) {
+        self.last_register = Some(self.now);
+        self.stats.register_attempts += 1;
+        out.push(RegionAction::ToCoordinator(ToCoordinator::Register {
+            shard_count: self.config.shard_count,
+            proxy: self.config.proxy,
+        }));
+    }
+
+    fn ask_home(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
+        if self.registered {
+            self.stats.home_requests += 1;
+            out.push(RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+                epoch: self.epoch,
+                shard,
+            }));
+        }
+    }
+
+    fn on_coordinator(&mut self, msg: ToRegion, out: &mut Vec<RegionAction<M>>) {
+        let e = msg.epoch();
+        match msg {
+            ToRegion::RegisterAck { epoch, homes } => {
+                if epoch < self.epoch || (epoch == self.epoch && self.registered) {
+                    self.stats.stale_ignored += 1;
+                    return;
+                }
+                self.epoch = epoch;
+                self.registered = true;
+                self.apply_homes(homes, out);
+            }
+            ToRegion::RegisterRefused { epoch, error } => {
+                if epoch < self.epoch {
+                    self.stats.stale_ignored += 1;
+                    return;
+                }
+                self.refused = Some(error.clone());
+                out.push(RegionAction::Refused(error));
+            }
+            ToRegion::StaleEpoch { epoch } => {
+                if epoch > self.epoch && self.refused.is_none() {
+                    self.registered = false;
+                    self.register(out);
+                }
+            }
+            _ if e != self.epoch || !self.registered => {
+                // An old coordinator's message (fenced), or one from a coordinator not yet
+                // registered with (its RegisterAck, sent first, will bring the state).
+                self.stats.stale_ignored += 1;
+            }
+            ToRegion::ShardHome { shard, region, .. } => self.on_home(shard, region, out),
+            ToRegion::BeginHandOff { id, shard } => self.on_begin_handoff(id, shard, out),
+            ToRegion::HandOff { id, shard, fences } => self.on_handoff(id, shard, fences, out),
+            ToRegion::LeaveComplete { .. } => {
+                if !self.leave_complete {
+                    self.leave_complete = true;
+                    out.push(RegionAction::LeaveComplete);
+                }
+            }
+        }
+    }
+
+    fn apply_homes(&mut self, homes: Vec<(ShardId, RegionId)>, out: &mut Vec<RegionAction<M>>) {
+        let homes: BTreeMap<ShardId, RegionId> = homes.into_iter().collect();
+        let known: BTreeSet<ShardId> = self
+            .slots
+            .keys()
+            .copied()
+            .chain(homes.keys().copied())
+            .collect();
+        for shard in known {
+            match homes.get(&shard) {
+                Some(r) => self.on_home(shard, r.clone(), out),
+                None => self.forget(shard, out),
+            }
+        }
+        // Buffered shards without a home: ask now.
+        let waiting: Vec<ShardId> = self
+            .slots
+            .iter()
+            .filter(|(s, slot)| {
+                matches!(slot, Slot::Unknown { .. }) && self.buffers.contains_key(s)
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        for shard in waiting {
+            self.slots.insert(
+                shard,
+                Slot::Unknown {
+                    last_request: Some(self.now),
+                },
+            );
+            self.ask_home(shard, out);
+        }
+    }
+
+    /// The coordinator does not list the shard: drop the cache; if hosted, stop it.
+    fn forget(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
+        match self.slots.get_mut(&shard) {
+            Some(Slot::Remote(_)) => {
+                self.slots
+                    .insert(shard, Slot::Unknown { last_request: None });
+            }
+            Some(Slot::Local)
+            | Some(Slot::Owner {
+                phase: OwnerPhase::Begun | OwnerPhase::WaitFences { .. },
+                ..
+            }) => self.begin_stop(shard, None, None, out),
+            Some(Slot::Owner {
+                phase: OwnerPhase::Stopping { next_home, .. },
+                ..
+            }) => *next_home = None,
+            _ => {}
+        }
+    }
+
+    fn begin_stop(
+        &mut self,
+        shard: ShardId,
+        id: Option<HandOffId>,
+        next_home: Option<RegionId>,
+        out: &mut Vec<RegionAction<M>>,
+    ) {
+        self.slots.insert(
+            shard,
+            Slot::Owner {
+                id,
+                phase: OwnerPhase::Stopping {
+                    since: self.now,
+                    forced: false,
+                    next_home,
+                },
+            },
+        );
+        if let (Some(id), Some((fid, _))) = (id, self.fences.get(&shard)) {
+            if *fid <= id {
+                self.fences.remove(&shard);
+            }
+        }
+        out.push(RegionAction::StopShard(shard));
+    }
+
+    fn on_home(&mut self, shard: ShardId, region: RegionId, out: &mut Vec<RegionAction<M>>) {
+        let mine = region == self.id;
+        match self.slots.get_mut(&shard) {
+            Some(Slot::Local) if mine => {}
+            Some(Slot::Local) => self.begin_stop(shard, None, Some(region), out),
+            Some(Slot::Owner {
+                phase: OwnerPhase::Stopping { next_home, .. },
+                ..
+            }) => *next_home = Some(region),
+            Some(Slot::Owner { .. }) if mine => {
+                // The hand-off was aborted: keep hosting, deliver what local senders buffered.
+                // (Fences are kept: some may already belong to the next attempt.)
+                self.slots.insert(shard, Slot::Local);
+                self.flush(shard, out);
+            }
+            Some(Slot::Owner { .. }) => self.begin_stop(shard, None, Some(region), out),
+            _ if mine => {
+                if self.config.proxy {
+                    return;
+                }
+                self.slots.insert(shard, Slot::Local);
+                out.push(RegionAction::StartShard(shard));
+                self.flush(shard, out);
+            }
+            _ => {
+                self.slots.insert(shard, Slot::Remote(region));
+                self.flush(shard, out);
+            }
+        }
+    }
+
+    fn on_begin_handoff(&mut self, id: HandOffId, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
+        let mut fenced = None;
+        match self.slots.get(&shard).cloned() {
+            Some(Slot::Local) => {
+                self.slots.insert(
+                    shard,
+                    Slot::Owner {
+                        id: Some(id),
+                        phase: OwnerPhase::Begun,
+                    },
+                );
+            }
+            Some(Slot::Owner { id: old, phase }) => {
+                if !matches!(phase, OwnerPhase::Stopping { .. }) && old != Some(id) {
+                    self.slots.insert(
+                        shard,
+                        Slot::Owner {
+                            id: Some(id),
+                            phase: OwnerPhase::Begun,
+                        },
+                    );
+                }
+            }
+            Some(Slot::Remote(r)) => {
+                out.push(RegionAction::ToPeer {
+                    to: r.clone(),
+                    msg: PeerMsg::Fence { id, shard },
+                });
+                fenced = Some(r);
+                // The coordinator broadcasts the new home; ask only after the retry interval.
+                self.slots.insert(
+                    shard,
+                    Slot::Unknown {
+                        last_request: Some(self.now),
+                    },
+                );
+            }
+            Some(Slot::Unknown { .. }) | None => {}
+        }
+        out.push(RegionAction::ToCoordinator(
+            ToCoordinator::BeginHandOffAck { id, shard, fenced },
+        ));
+    }
+
+    fn on_handoff(
+        &mut self,
+        id: HandOffId,
+        shard: ShardId,
+        fences: Vec<RegionId>,
+        out: &mut Vec<RegionAction<M>>,
+    ) {
+        match self.slots.get(&shard).cloned() {
+            Some(Slot::Local)
+            | Some(Slot::Owner {
+                phase: OwnerPhase::Begun,
+                ..
+            }) => self.wait_fences(id, shard, fences.into_iter().collect(), self.now, out),
+            Some(Slot::Owner {
+                phase: OwnerPhase::WaitFences { since, .. },
+                ..
+            }) => self.wait_fences(id, shard, fences.into_iter().collect(), since, out),
+            Some(Slot::Owner {
+                phase: OwnerPhase::Stopping { .. },
+                ..
+            }) => {}
+            _ => {
+                // Not hosted here (already stopped, or never): nothing of it lives here.
+                self.stopped_for.insert(shard, id);
+                out.push(RegionAction::ToCoordinator(ToCoordinator::ShardStopped {
+                    id,
+                    shard,
+                }));
+            }
+        }
+    }
+
+    fn wait_fences(
+        &mut self,
+        id: HandOffId,
+        shard: ShardId,
+        mut need: BTreeSet<RegionId>,
+        since: u64,
+        out: &mut Vec<RegionAction<M>>,
+    ) {
+        if let Some((fid, got)) = self.fences.get(&shard) {
+            if *fid == id {
+                need.retain(|r| !got.contains(r));
+            }
+        }
+        if need.is_empty() {
+            self.begin_stop(shard, Some(id), None, out);
+        } else {
+            self.slots.insert(
+                shard,
+                Slot::Owner {
+                    id: Some(id),
+                    phase: OwnerPhase::WaitFences { need, since },
+                },
+            );
+        }
+    }
+
+    fn on_fence(
+        &mut self,
+        from: RegionId,
+        id: HandOffId,
+        shard: ShardId,
+        out: &mut Vec<RegionAction<M>>,
+    ) {
+        let entry = self
+            .fences
+            .entry(shard)
+            .or_insert_with(|| (id, BTreeSet::new()));
+        if entry.0 < id {
+            *entry = (id, BTreeSet::new());
+        }
+        if entry.0 == id {
+            entry.1.insert(from.clone());
+        }
+        if let Some(Slot::Owner {
+            id: Some(cur),
+            phase: OwnerPhase::WaitFences { need, .. },
+        }) = self.slots.get_mut(&shard)
+        {
+            if *cur == id {
+                need.remove(&from);
+                if need.is_empty() {
+                    self.begin_stop(shard, Some(id), None, out);
+                }
+            }
+        }
+    }
+
+    fn on_stopped(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
+        let Some(Slot::Owner {
+            id,
+            phase: OwnerPhase::Stopping { next_home, .. },
+        }) = self.slots.get(&shard).cloned()
+        else {
+            return;
+        };
+        if let Some(id) = id {
+            self.stopped_for.insert(shard, id);
+            if id.epoch == self.epoch {
+                out.push(RegionAction::ToCoordinator(ToCoordinator::ShardStopped {
+                    id,
+                    shard,
+                }));
+            }
+        }
+        self.slots
+            .insert(shard, Slot::Unknown { last_request: None });
+        match next_home {
+            Some(r) => self.on_home(shard, r, out),
+            None => {
+                if self.buffers.contains_key(&shard) {
+                    // Ask after the retry interval: the coordinator broadcasts the new home.
+                    self.slots.insert(
+                        shard,
+                        Slot::Unknown {
+                            last_request: Some(self.now),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn on_region_down(&mut self, r: RegionId, out: &mut Vec<RegionAction<M>>) {
+        let shards: Vec<ShardId> = self.slots.keys().copied().collect();
+        for shard in shards {
+            match self.slots.get_mut(&shard) {
+                Some(Slot::Remote(home)) if *home == r => {
+                    self.slots
+                        .insert(shard, Slot::Unknown { last_request: None });
+                }
+                Some(Slot::Owner {
+                    id: Some(id),
+                    phase: OwnerPhase::WaitFences { need, .. },
+                }) => {
+                    let id = *id;
+                    need.remove(&r);
+                    if need.is_empty() {
+                        self.begin_stop(shard, Some(id), None, out);
+                    }
+                }
+                Some(Slot::Owner {
+                    phase: OwnerPhase::Stopping { next_home, .. },
+                    ..
+                }) if next_home.as_ref() == Some(&r) => *next_home = None,
+                _ => {}
+            }
+        }
+    }
+
+    fn on_tick(&mut self, out: &mut Vec<RegionAction<M>>) {
+        let now = self.now;
+        let retry = self.config.retry_interval_ms;
+        let fence_timeout = self.config.fence_timeout_ms;
+        let stop_timeout = self.config.stop_timeout_ms;
+        if !self.registered
+            && self.refused.is_none()
+            && self
+                .last_register
+                .is_none_or(|t| now.saturating_sub(t) >= retry)
+        {
+            self.register(out);
+        }
+        let mut shards: Vec<ShardId> = self.slots.keys().copied().collect();
+        shards.sort_unstable();
+        for shard in shards {
+            let registered = self.registered;
+            let waiting = self.buffers.contains_key(&shard);
+            let Some(slot) = self.slots.get_mut(&shard) else {
+                continue;
+            };
+            match slot {
+                Slot::Unknown { last_request }
+                    if registered
+                        && waiting
+                        && last_request.is_none_or(|t| now.saturating_sub(t) >= retry) =>
+                {
+                    *last_request = Some(now);
+                    self.stats.home_requests += 1;
+                    out.push(RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+                        epoch: self.epoch,
+                        shard,
+                    }));
+                }
+                Slot::Owner {
+                    id,
+                    phase: OwnerPhase::WaitFences { since, .. },
+                } if fence_timeout.is_some_and(|t| now.saturating_sub(*since) >= t) => {
+                    let id = *id;
+                    self.stats.fence_timeouts += 1;
+                    self.begin_stop(shard, id, None, out);
+                }
+                Slot::Owner {
+                    phase: OwnerPhase::Stopping { since, forced, .. },
+                    ..
+                } if !*forced && now.saturating_sub(*since) >= stop_timeout => {
+                    *forced = true;
+                    self.stats.forced_stops += 1;
+                    out.push(RegionAction::ForceStopShard(shard));
+                }
+                _ => {}
+            }
+        }
+    }
+}

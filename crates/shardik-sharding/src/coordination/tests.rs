@@ -1,0 +1,1104 @@
+//! Unit tests of the coordinator and the region, one protocol step at a time.
+
+use super::*;
+
+fn r(s: &str) -> RegionId {
+    RegionId::new(s)
+}
+
+fn cfg(shards: u32) -> CoordinatorConfig {
+    let mut c = CoordinatorConfig::new(shards);
+    c.rebalance_interval_ms = 1_000;
+    c.handoff_ack_timeout_ms = 5_000;
+    c.handoff_stop_retry_ms = 5_000;
+    c
+}
+
+/// A coordinator with its epoch persisted and the given regions registered (all persisted).
+fn coordinator(shards: u32, regions: &[&str]) -> Coordinator {
+    let (mut c, _) = Coordinator::new(cfg(shards));
+    let mut out = Vec::new();
+    c.handle(0, Input::Persisted(1), &mut out);
+    for name in regions {
+        register(&mut c, name);
+    }
+    c
+}
+
+fn register(c: &mut Coordinator, name: &str) -> Vec<Action> {
+    let mut out = Vec::new();
+    c.handle(
+        0,
+        Input::Message {
+            from: r(name),
+            msg: ToCoordinator::Register {
+                shard_count: c.state().shard_count,
+                proxy: false,
+            },
+        },
+        &mut out,
+    );
+    persist_all(c, &mut out);
+    out
+}
+
+/// Acknowledge every emitted update.
+fn persist_all(c: &mut Coordinator, out: &mut Vec<Action>) {
+    let v = c.working_state().version;
+    c.handle(0, Input::Persisted(v), out);
+}
+
+fn msg(c: &mut Coordinator, now: u64, from: &str, m: ToCoordinator) -> Vec<Action> {
+    let mut out = Vec::new();
+    c.handle(
+        now,
+        Input::Message {
+            from: r(from),
+            msg: m,
+        },
+        &mut out,
+    );
+    out
+}
+
+fn sends(out: &[Action]) -> Vec<(RegionId, ToRegion)> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Send { to, msg } => Some((to.clone(), msg.clone())),
+            Action::Persist(_) => None,
+        })
+        .collect()
+}
+
+fn persists(out: &[Action]) -> Vec<Change> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Persist(u) => Some(u.change.clone()),
+            Action::Send { .. } => None,
+        })
+        .collect()
+}
+
+fn get_home(c: &mut Coordinator, from: &str, shard: u32) -> Vec<Action> {
+    let epoch = c.epoch();
+    msg(c, 0, from, ToCoordinator::GetShardHome { epoch, shard })
+}
+
+/// Allocate shards by asking, persisting after each.
+fn allocate(c: &mut Coordinator, shards: impl IntoIterator<Item = u32>) {
+    for s in shards {
+        let mut out = get_home(c, "a", s);
+        persist_all(c, &mut out);
+    }
+}
+
+// ---- coordinator: registration ----------------------------------------------------------------
+
+#[test]
+fn registration_is_persisted_before_ack_and_idempotent() {
+    let (mut c, first) = Coordinator::new(cfg(4));
+    assert_eq!(persists(&first), vec![Change::EpochStarted]);
+    let out = msg(
+        &mut c,
+        0,
+        "a",
+        ToCoordinator::Register {
+            shard_count: 4,
+            proxy: false,
+        },
+    );
+    assert_eq!(persists(&out).len(), 1);
+    assert!(sends(&out).is_empty(), "no ack before persistence");
+    let mut out = Vec::new();
+    c.handle(0, Input::Persisted(1), &mut out);
+    assert!(sends(&out).is_empty(), "registration not yet durable");
+    c.handle(0, Input::Persisted(2), &mut out);
+    assert!(matches!(
+        &sends(&out)[..],
+        [(_, ToRegion::RegisterAck { epoch: 1, .. })]
+    ));
+    // A retry: acknowledged again, nothing persisted.
+    let out = msg(
+        &mut c,
+        0,
+        "a",
+        ToCoordinator::Register {
+            shard_count: 4,
+            proxy: false,
+        },
+    );
+    assert!(persists(&out).is_empty());
+    assert!(matches!(
+        &sends(&out)[..],
+        [(_, ToRegion::RegisterAck { .. })]
+    ));
+}
+
+#[test]
+fn shard_count_mismatch_is_refused_with_a_clear_error() {
+    let mut c = coordinator(4, &[]);
+    let out = msg(
+        &mut c,
+        0,
+        "a",
+        ToCoordinator::Register {
+            shard_count: 8,
+            proxy: false,
+        },
+    );
+    let [(_, ToRegion::RegisterRefused { error, .. })] = &sends(&out)[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        *error,
+        RegisterError::ShardCountMismatch {
+            coordinator: 4,
+            region: 8
+        }
+    );
+    assert!(error.to_string().contains("same shard count"));
+    assert!(persists(&out).is_empty());
+    // And the region side turns it into an error for every sender.
+    let mut region: RegionState<u8> = RegionState::new(r("a"), RegionConfig::new(8));
+    let mut acts = Vec::new();
+    region.handle(
+        0,
+        RegionInput::FromCoordinator(sends(&out)[0].1.clone()),
+        &mut acts,
+    );
+    assert!(matches!(acts[..], [RegionAction::Refused(_)]));
+    let err = region
+        .send(0, Envelope::new("x", 1, 0), &mut acts)
+        .unwrap_err();
+    assert!(matches!(err.error, SendError::Refused(_)));
+}
+
+// ---- coordinator: allocation ------------------------------------------------------------------
+
+#[test]
+fn allocation_is_least_shards_first_with_ties_by_region_id() {
+    let mut c = coordinator(8, &["b", "c", "a"]);
+    // Ask for four shards without persisting in between: decisions count pending allocations.
+    let mut chosen = Vec::new();
+    for s in 0..6 {
+        for ch in persists(&get_home(&mut c, "a", s)) {
+            if let Change::ShardAllocated { region, .. } = ch {
+                chosen.push(region.0);
+            }
+        }
+    }
+    assert_eq!(chosen, ["a", "b", "c", "a", "b", "c"]);
+    // No reply before persistence; then a broadcast per allocation.
+    let mut out = Vec::new();
+    persist_all(&mut c, &mut out);
+    let homes = sends(&out)
+        .into_iter()
+        .filter(|(_, m)| matches!(m, ToRegion::ShardHome { .. }))
+        .count();
+    assert_eq!(homes, 6 * 3);
+}
+
+#[test]
+fn requests_for_a_shard_being_persisted_wait() {
+    let mut c = coordinator(4, &["a"]);
+    let first = get_home(&mut c, "a", 0);
+    assert_eq!(persists(&first).len(), 1);
+    let second = get_home(&mut c, "a", 0);
+    assert!(second.is_empty(), "queued until persisted: {second:?}");
+    let mut out = Vec::new();
+    persist_all(&mut c, &mut out);
+    let s = sends(&out);
+    assert!(s.len() >= 2, "broadcast and the queued answer: {s:?}");
+    assert!(s
+        .iter()
+        .all(|(_, m)| matches!(m, ToRegion::ShardHome { shard: 0, .. })));
+    // Once durable, answered at once.
+    let third = get_home(&mut c, "a", 0);
+    assert!(matches!(
+        &sends(&third)[..],
+        [(_, ToRegion::ShardHome { .. })]
+    ));
+}
+
+#[test]
+fn deferred_replies_are_bounded() {
+    let mut config = cfg(4);
+    config.max_deferred = 2;
+    let (mut c, _) = Coordinator::new(config);
+    let mut out = Vec::new();
+    c.handle(0, Input::Persisted(1), &mut out);
+    register(&mut c, "a");
+    let _ = get_home(&mut c, "a", 0); // pending allocation
+    for _ in 0..5 {
+        let _ = get_home(&mut c, "a", 0);
+    }
+    // One reply waits (the allocation's broadcast is the other deferred item); four are dropped.
+    assert_eq!(c.stats().deferred_dropped, 4);
+}
+
+// ---- coordinator: hand-off ----------------------------------------------------------------------
+
+/// `a` holds shards 0..4, `b` none; a rebalance tick starts hand-offs. Returns them.
+fn start_rebalance(c: &mut Coordinator) -> Vec<(RegionId, ToRegion)> {
+    allocate(c, 0..4);
+    register(c, "b");
+    let mut out = Vec::new();
+    c.handle(0, Input::MembershipStable(true), &mut out);
+    c.handle(1_000, Input::Tick, &mut out);
+    sends(&out)
+}
+
+#[test]
+fn rebalance_waits_for_stable_membership() {
+    let mut c = coordinator(4, &["a"]);
+    allocate(&mut c, 0..4);
+    register(&mut c, "b");
+    let mut out = Vec::new();
+    c.handle(1_000, Input::Tick, &mut out);
+    assert!(out.is_empty());
+    c.handle(1_000, Input::MembershipStable(true), &mut out);
+    c.handle(2_000, Input::Tick, &mut out);
+    let begins = sends(&out)
+        .into_iter()
+        .filter(|(_, m)| matches!(m, ToRegion::BeginHandOff { .. }))
+        .count();
+    // 4 shards: the round limit is max(1, 25 % of 4) = 1 shard, announced to both regions.
+    assert_eq!(begins, 2);
+}
+
+#[test]
+fn full_hand_off_persists_before_the_new_home_is_announced() {
+    let mut c = coordinator(4, &["a"]);
+    let begins = start_rebalance(&mut c);
+    let (id, shard) = match begins[0].1 {
+        ToRegion::BeginHandOff { id, shard } => (id, shard),
+        ref m => panic!("{m:?}"),
+    };
+    // `b` had `a` cached and fenced it; `a` is the owner.
+    let out = msg(
+        &mut c,
+        1_000,
+        "b",
+        ToCoordinator::BeginHandOffAck {
+            id,
+            shard,
+            fenced: Some(r("a")),
+        },
+    );
+    assert!(out.is_empty());
+    let out = msg(
+        &mut c,
+        1_000,
+        "a",
+        ToCoordinator::BeginHandOffAck {
+            id,
+            shard,
+            fenced: None,
+        },
+    );
+    assert_eq!(
+        sends(&out),
+        vec![(
+            r("a"),
+            ToRegion::HandOff {
+                id,
+                shard,
+                fences: vec![r("b")]
+            }
+        )]
+    );
+    let out = msg(
+        &mut c,
+        1_000,
+        "a",
+        ToCoordinator::ShardStopped { id, shard },
+    );
+    assert_eq!(
+        persists(&out),
+        vec![
+            Change::ShardDeallocated { shard },
+            Change::ShardAllocated {
+                shard,
+                region: r("b")
+            }
+        ]
+    );
+    assert!(
+        sends(&out).is_empty(),
+        "nothing announced before persistence"
+    );
+    let mut out = Vec::new();
+    persist_all(&mut c, &mut out);
+    let s = sends(&out);
+    assert!(s.contains(&(
+        r("a"),
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard,
+            region: r("b")
+        }
+    )));
+    assert_eq!(c.stats().handoffs_completed, 1);
+    // A late duplicate ShardStopped is ignored.
+    let out = msg(
+        &mut c,
+        1_000,
+        "a",
+        ToCoordinator::ShardStopped { id, shard },
+    );
+    assert!(out.is_empty());
+    assert_eq!(c.stats().stray_handoff_messages, 1);
+}
+
+#[test]
+fn missing_acks_abort_the_hand_off_and_the_owner_keeps_the_shard() {
+    let mut c = coordinator(4, &["a"]);
+    let begins = start_rebalance(&mut c);
+    let ToRegion::BeginHandOff { id, shard } = begins[0].1 else {
+        panic!()
+    };
+    let _ = msg(
+        &mut c,
+        1_000,
+        "a",
+        ToCoordinator::BeginHandOffAck {
+            id,
+            shard,
+            fenced: None,
+        },
+    );
+    let mut out = Vec::new();
+    c.handle(5_999, Input::Tick, &mut out);
+    assert!(out.iter().all(|a| !matches!(
+        a,
+        Action::Send {
+            msg: ToRegion::ShardHome { .. },
+            ..
+        }
+    )));
+    c.handle(6_000, Input::Tick, &mut out);
+    assert_eq!(c.stats().handoffs_aborted, 1);
+    // The attempt is gone (the same tick may start a fresh attempt with a new id: the retry).
+    assert!(c.handoffs().all(|h| h.id != id));
+    assert!(persists(&out).is_empty(), "abort changes no allocation");
+    assert!(sends(&out).contains(&(
+        r("b"),
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard,
+            region: r("a")
+        }
+    )));
+    // The late ack of the aborted attempt is ignored.
+    let out = msg(
+        &mut c,
+        6_000,
+        "b",
+        ToCoordinator::BeginHandOffAck {
+            id,
+            shard,
+            fenced: None,
+        },
+    );
+    assert!(out.is_empty());
+    assert_eq!(c.state().home(shard), Some(&r("a")));
+}
+
+#[test]
+fn missing_shard_stopped_retries_hand_off_and_never_reallocates() {
+    let mut c = coordinator(4, &["a"]);
+    let begins = start_rebalance(&mut c);
+    let ToRegion::BeginHandOff { id, shard } = begins[0].1 else {
+        panic!()
+    };
+    for from in ["a", "b"] {
+        let _ = msg(
+            &mut c,
+            1_000,
+            from,
+            ToCoordinator::BeginHandOffAck {
+                id,
+                shard,
+                fenced: None,
+            },
+        );
+    }
+    for t in [6_000, 11_000, 16_000] {
+        let mut out = Vec::new();
+        c.handle(t, Input::Tick, &mut out);
+        assert!(sends(&out).contains(&(
+            r("a"),
+            ToRegion::HandOff {
+                id,
+                shard,
+                fences: vec![]
+            }
+        )));
+        assert!(persists(&out).is_empty());
+    }
+    assert_eq!(c.stats().handoff_retries, 3);
+    assert_eq!(c.working_state().home(shard), Some(&r("a")));
+    // The owner's node is downed: its entities are stopped, so the shard is freed.
+    let mut out = Vec::new();
+    c.handle(17_000, Input::RegionDown(r("a")), &mut out);
+    assert_eq!(
+        persists(&out),
+        vec![Change::RegionRemoved { region: r("a") }]
+    );
+    assert!(c.handoffs().all(|h| h.shard != shard));
+}
+
+#[test]
+fn region_down_reallocates_remembered_shards_eagerly() {
+    let mut config = cfg(4);
+    config.remember_shards = true;
+    let (mut c, _) = Coordinator::new(config);
+    let mut out = Vec::new();
+    c.handle(0, Input::Persisted(1), &mut out);
+    register(&mut c, "a");
+    register(&mut c, "b");
+    allocate(&mut c, 0..4);
+    let mut out = Vec::new();
+    c.handle(0, Input::RegionDown(r("a")), &mut out);
+    let p = persists(&out);
+    assert_eq!(p[0], Change::RegionRemoved { region: r("a") });
+    assert_eq!(
+        p[1..]
+            .iter()
+            .filter(|c| matches!(c, Change::ShardAllocated { region, .. } if *region == r("b")))
+            .count(),
+        2
+    );
+    let mut out = Vec::new();
+    persist_all(&mut c, &mut out);
+    assert_eq!(c.state().shards.len(), 4);
+    // `b` learns it hosts them without any message for their entities.
+    assert_eq!(
+        sends(&out)
+            .iter()
+            .filter(|(to, m)| *to == r("b")
+                && matches!(m, ToRegion::ShardHome { region, .. } if *region == r("b")))
+            .count(),
+        2
+    );
+    // A downed region may not come back.
+    let out = register(&mut c, "a");
+    assert!(matches!(
+        &sends(&out)[..],
+        [(
+            _,
+            ToRegion::RegisterRefused {
+                error: RegisterError::Downed(_),
+                ..
+            }
+        )]
+    ));
+}
+
+#[test]
+fn graceful_leave_hands_off_all_shards_then_completes() {
+    let mut c = coordinator(4, &["a", "b"]);
+    allocate(&mut c, 0..4);
+    let mut out = Vec::new();
+    c.handle(0, Input::RegionLeaving(r("a")), &mut out);
+    let begun: Vec<_> = sends(&out)
+        .into_iter()
+        .filter_map(|(to, m)| match m {
+            ToRegion::BeginHandOff { id, shard } if to == r("a") => Some((id, shard)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(begun.len(), 2);
+    for (id, shard) in &begun {
+        for from in ["a", "b"] {
+            let _ = msg(
+                &mut c,
+                0,
+                from,
+                ToCoordinator::BeginHandOffAck {
+                    id: *id,
+                    shard: *shard,
+                    fenced: None,
+                },
+            );
+        }
+        let _ = msg(
+            &mut c,
+            0,
+            "a",
+            ToCoordinator::ShardStopped {
+                id: *id,
+                shard: *shard,
+            },
+        );
+    }
+    let mut out = Vec::new();
+    persist_all(&mut c, &mut out);
+    assert!(c.state().shards.values().all(|h| *h == r("b")));
+    assert!(sends(&out).contains(&(r("a"), ToRegion::LeaveComplete { epoch: 1 })));
+}
+
+// ---- coordinator: failover ----------------------------------------------------------------------
+
+#[test]
+fn recovery_bumps_the_epoch_and_waits_for_regions_before_hand_offs() {
+    let mut c = coordinator(4, &["a", "b"]);
+    allocate(&mut c, 0..4);
+    // An update emitted but never persisted is not assumed by the successor.
+    let _ = msg(
+        &mut c,
+        0,
+        "c",
+        ToCoordinator::Register {
+            shard_count: 4,
+            proxy: false,
+        },
+    );
+    let state = c.state().clone();
+    assert!(!state.regions.contains_key(&r("c")));
+    assert!(matches!(
+        Coordinator::recover(cfg(4), state.clone(), 1),
+        Err(RecoverError::EpochNotIncreasing { .. })
+    ));
+    assert!(matches!(
+        Coordinator::recover(cfg(5), state.clone(), 2),
+        Err(RecoverError::ShardCountMismatch { .. })
+    ));
+    let (mut n, first) = Coordinator::recover(cfg(4), state, 2).unwrap();
+    assert_eq!(persists(&first), vec![Change::EpochStarted]);
+    assert_eq!(n.epoch(), 2);
+    let mut out = Vec::new();
+    n.handle(
+        0,
+        Input::Persisted(first.len() as u64 + c.state().version),
+        &mut out,
+    );
+    // Old-epoch messages are refused.
+    let out = msg(
+        &mut n,
+        0,
+        "a",
+        ToCoordinator::GetShardHome { epoch: 1, shard: 0 },
+    );
+    assert!(matches!(
+        &sends(&out)[..],
+        [(_, ToRegion::StaleEpoch { epoch: 2 })]
+    ));
+    // Only `a` re-registered: no rebalance or leave hand-off yet.
+    let out = register(&mut n, "a");
+    let [(_, ToRegion::RegisterAck { homes, .. })] = &sends(&out)[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(homes.len(), 4, "every durable home is sent on registration");
+    assert!(!n.all_registered());
+    let mut out = Vec::new();
+    n.handle(0, Input::MembershipStable(true), &mut out);
+    n.handle(0, Input::RegionLeaving(r("a")), &mut out);
+    n.handle(5_000, Input::Tick, &mut out);
+    assert!(n.handoffs().next().is_none());
+    register(&mut n, "b");
+    let mut out = Vec::new();
+    n.handle(6_000, Input::Tick, &mut out);
+    assert_eq!(n.handoffs().count(), 2);
+}
+
+// ---- region -------------------------------------------------------------------------------------
+
+type Acts = Vec<RegionAction<u32>>;
+
+fn region(name: &str) -> RegionState<u32> {
+    let mut c = RegionConfig::new(8);
+    c.retry_interval_ms = 100;
+    c.stop_timeout_ms = 1_000;
+    c.buffer_limit = 3;
+    RegionState::new(r(name), c)
+}
+
+fn from_coord(reg: &mut RegionState<u32>, now: u64, m: ToRegion) -> Acts {
+    let mut out = Vec::new();
+    reg.handle(now, RegionInput::FromCoordinator(m), &mut out);
+    out
+}
+
+fn registered(name: &str, homes: &[(u32, &str)]) -> RegionState<u32> {
+    let mut reg = region(name);
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
+    let homes = homes.iter().map(|(s, h)| (*s, r(h))).collect();
+    from_coord(&mut reg, 0, ToRegion::RegisterAck { epoch: 1, homes });
+    reg
+}
+
+fn env(id: &str, shard: u32, n: u32) -> Envelope<u32> {
+    Envelope::new(id, shard, n)
+}
+
+const H: HandOffId = HandOffId { epoch: 1, seq: 7 };
+
+#[test]
+fn registration_is_retried_until_acknowledged() {
+    let mut reg = region("a");
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
+    reg.handle(50, RegionInput::Tick, &mut out);
+    reg.handle(100, RegionInput::Tick, &mut out);
+    reg.handle(150, RegionInput::Tick, &mut out);
+    reg.handle(200, RegionInput::Tick, &mut out);
+    assert_eq!(reg.stats().register_attempts, 3);
+    from_coord(
+        &mut reg,
+        200,
+        ToRegion::RegisterAck {
+            epoch: 1,
+            homes: vec![],
+        },
+    );
+    assert!(reg.is_registered());
+    let mut out = Vec::new();
+    reg.handle(1_000, RegionInput::Tick, &mut out);
+    assert!(out.is_empty());
+    // A duplicate ack of the same epoch changes nothing.
+    let out = from_coord(
+        &mut reg,
+        1_000,
+        ToRegion::RegisterAck {
+            epoch: 1,
+            homes: vec![(0, r("a"))],
+        },
+    );
+    assert!(out.is_empty());
+    assert_eq!(reg.shard_view(0), ShardView::Unknown);
+}
+
+#[test]
+fn hot_path_never_involves_the_coordinator() {
+    let mut reg = registered("a", &[(0, "a"), (1, "b")]);
+    let mut out = Vec::new();
+    reg.send(0, env("x", 0, 1), &mut out).unwrap();
+    reg.send(0, env("y", 1, 2), &mut out).unwrap();
+    assert!(matches!(out[0], RegionAction::DeliverLocal(_)));
+    assert!(
+        matches!(&out[1], RegionAction::ToPeer { to, msg: PeerMsg::Deliver(e) } if *to == r("b") && e.hops == 1)
+    );
+    assert!(!out
+        .iter()
+        .any(|a| matches!(a, RegionAction::ToCoordinator(_))));
+}
+
+#[test]
+fn unknown_home_buffers_bounded_asks_once_and_retries() {
+    let mut reg = registered("a", &[]);
+    let mut out = Vec::new();
+    for n in 0..3 {
+        reg.send(0, env("x", 2, n), &mut out).unwrap();
+    }
+    let asks = out
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                RegionAction::ToCoordinator(ToCoordinator::GetShardHome { .. })
+            )
+        })
+        .count();
+    assert_eq!(asks, 1);
+    let err = reg.send(0, env("x", 2, 3), &mut out).unwrap_err();
+    assert_eq!(err.error, SendError::BufferFull { shard: 2, limit: 3 });
+    assert_eq!(err.envelope.payload, 3);
+    assert_eq!(reg.stats().overflow_total, 1);
+    let mut out = Vec::new();
+    reg.handle(100, RegionInput::Tick, &mut out);
+    assert_eq!(out.len(), 1, "retried GetShardHome: {out:?}");
+    let out = from_coord(
+        &mut reg,
+        150,
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard: 2,
+            region: r("b"),
+        },
+    );
+    let order: Vec<u32> = out
+        .iter()
+        .filter_map(|a| match a {
+            RegionAction::ToPeer {
+                msg: PeerMsg::Deliver(e),
+                ..
+            } => Some(e.payload),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, vec![0, 1, 2], "flushed in order");
+    assert_eq!(reg.buffered(), 0);
+}
+
+#[test]
+fn begin_hand_off_fences_the_cached_home_and_buffers() {
+    let mut reg = registered("a", &[(1, "b")]);
+    let out = from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    assert_eq!(
+        out,
+        vec![
+            RegionAction::ToPeer {
+                to: r("b"),
+                msg: PeerMsg::Fence { id: H, shard: 1 }
+            },
+            RegionAction::ToCoordinator(ToCoordinator::BeginHandOffAck {
+                id: H,
+                shard: 1,
+                fenced: Some(r("b"))
+            }),
+        ]
+    );
+    let mut out = Vec::new();
+    reg.send(0, env("x", 1, 9), &mut out).unwrap();
+    assert!(out.is_empty(), "buffered, the new home will be broadcast");
+    let out = from_coord(
+        &mut reg,
+        10,
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard: 1,
+            region: r("c"),
+        },
+    );
+    assert!(matches!(&out[..], [RegionAction::ToPeer { to, .. }] if *to == r("c")));
+}
+
+#[test]
+fn owner_waits_for_fences_then_stops_with_forced_timeout() {
+    let mut reg = registered("a", &[(1, "a")]);
+    assert_eq!(reg.hosted_shards().into_iter().collect::<Vec<_>>(), vec![1]);
+    let out = from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    assert!(matches!(
+        &out[..],
+        [RegionAction::ToCoordinator(
+            ToCoordinator::BeginHandOffAck { fenced: None, .. }
+        )]
+    ));
+    // Local senders buffer; messages forwarded before the peer's fence are still delivered.
+    let mut out = Vec::new();
+    reg.send(0, env("x", 1, 1), &mut out).unwrap();
+    assert!(out.is_empty());
+    reg.handle(
+        0,
+        RegionInput::FromPeer {
+            from: r("b"),
+            msg: PeerMsg::Deliver(env("y", 1, 2)),
+        },
+        &mut out,
+    );
+    assert!(matches!(out[..], [RegionAction::DeliverLocal(_)]));
+    let out = from_coord(
+        &mut reg,
+        0,
+        ToRegion::HandOff {
+            id: H,
+            shard: 1,
+            fences: vec![r("b"), r("c")],
+        },
+    );
+    assert!(out.is_empty(), "waits for fences");
+    let mut out = Vec::new();
+    reg.handle(
+        0,
+        RegionInput::FromPeer {
+            from: r("b"),
+            msg: PeerMsg::Fence { id: H, shard: 1 },
+        },
+        &mut out,
+    );
+    assert!(out.is_empty());
+    reg.handle(10, RegionInput::RegionDown(r("c")), &mut out);
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+    assert_eq!(reg.shard_view(1), ShardView::Stopping);
+    // Forwarded messages now buffer too.
+    let mut out = Vec::new();
+    reg.handle(
+        20,
+        RegionInput::FromPeer {
+            from: r("b"),
+            msg: PeerMsg::Deliver(env("y", 1, 3)),
+        },
+        &mut out,
+    );
+    assert!(out.is_empty());
+    reg.handle(500, RegionInput::Tick, &mut out);
+    assert!(out.is_empty());
+    reg.handle(1_010, RegionInput::Tick, &mut out);
+    reg.handle(2_000, RegionInput::Tick, &mut out);
+    assert_eq!(out, vec![RegionAction::ForceStopShard(1)], "forced once");
+    assert_eq!(reg.stats().forced_stops, 1);
+    let mut out = Vec::new();
+    reg.handle(2_000, RegionInput::ShardStopped(1), &mut out);
+    assert_eq!(
+        out,
+        vec![RegionAction::ToCoordinator(ToCoordinator::ShardStopped {
+            id: H,
+            shard: 1
+        })]
+    );
+    assert!(reg.hosted_shards().is_empty());
+    // A repeated HandOff (the coordinator's retry) is answered again.
+    let out = from_coord(
+        &mut reg,
+        3_000,
+        ToRegion::HandOff {
+            id: H,
+            shard: 1,
+            fences: vec![],
+        },
+    );
+    assert_eq!(
+        out,
+        vec![RegionAction::ToCoordinator(ToCoordinator::ShardStopped {
+            id: H,
+            shard: 1
+        })]
+    );
+    // The new home flushes local and forwarded messages in arrival order.
+    let out = from_coord(
+        &mut reg,
+        3_000,
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard: 1,
+            region: r("b"),
+        },
+    );
+    let flushed: Vec<u32> = out
+        .iter()
+        .filter_map(|a| match a {
+            RegionAction::ToPeer {
+                msg: PeerMsg::Deliver(e),
+                ..
+            } => Some(e.payload),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(flushed, vec![1, 3]);
+}
+
+#[test]
+fn fence_that_arrives_before_the_hand_off_counts() {
+    let mut reg = registered("a", &[(1, "a")]);
+    let mut out = Vec::new();
+    reg.handle(
+        0,
+        RegionInput::FromPeer {
+            from: r("b"),
+            msg: PeerMsg::Fence { id: H, shard: 1 },
+        },
+        &mut out,
+    );
+    from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    let out = from_coord(
+        &mut reg,
+        0,
+        ToRegion::HandOff {
+            id: H,
+            shard: 1,
+            fences: vec![r("b")],
+        },
+    );
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+}
+
+#[test]
+fn configured_fence_timeout_stops_anyway() {
+    let mut c = RegionConfig::new(8);
+    c.fence_timeout_ms = Some(500);
+    let mut reg: RegionState<u32> = RegionState::new(r("a"), c);
+    from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterAck {
+            epoch: 1,
+            homes: vec![(1, r("a"))],
+        },
+    );
+    from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    from_coord(
+        &mut reg,
+        0,
+        ToRegion::HandOff {
+            id: H,
+            shard: 1,
+            fences: vec![r("b")],
+        },
+    );
+    let mut out = Vec::new();
+    reg.handle(499, RegionInput::Tick, &mut out);
+    assert!(out.is_empty());
+    reg.handle(500, RegionInput::Tick, &mut out);
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+    assert_eq!(reg.stats().fence_timeouts, 1);
+}
+
+#[test]
+fn aborted_hand_off_resumes_local_delivery_in_order() {
+    let mut reg = registered("a", &[(1, "a")]);
+    from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    let mut out = Vec::new();
+    reg.send(0, env("x", 1, 1), &mut out).unwrap();
+    reg.send(0, env("x", 1, 2), &mut out).unwrap();
+    let out = from_coord(
+        &mut reg,
+        0,
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard: 1,
+            region: r("a"),
+        },
+    );
+    let got: Vec<u32> = out
+        .iter()
+        .filter_map(|a| match a {
+            RegionAction::DeliverLocal(e) => Some(e.payload),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, vec![1, 2]);
+    assert_eq!(reg.shard_view(1), ShardView::Local);
+    assert!(
+        !out.iter().any(|a| matches!(a, RegionAction::StartShard(_))),
+        "still running"
+    );
+}
+
+#[test]
+fn stale_epoch_messages_are_ignored_and_new_coordinator_means_re_register() {
+    let mut reg = registered("a", &[(1, "a")]);
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
+    assert!(!reg.is_registered());
+    from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterAck {
+            epoch: 2,
+            homes: vec![(1, r("a"))],
+        },
+    );
+    assert_eq!(reg.epoch(), 2);
+    let out = from_coord(
+        &mut reg,
+        0,
+        ToRegion::HandOff {
+            id: H,
+            shard: 1,
+            fences: vec![],
+        },
+    );
+    assert!(out.is_empty());
+    let out = from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterAck {
+            epoch: 1,
+            homes: vec![],
+        },
+    );
+    assert!(out.is_empty());
+    assert_eq!(reg.stats().stale_ignored, 2);
+    assert_eq!(reg.shard_view(1), ShardView::Local);
+    // A coordinator saying our epoch is stale makes us register again.
+    let out = from_coord(&mut reg, 0, ToRegion::StaleEpoch { epoch: 3 });
+    assert!(matches!(
+        out[..],
+        [RegionAction::ToCoordinator(ToCoordinator::Register { .. })]
+    ));
+}
+
+#[test]
+fn registration_with_a_new_coordinator_reconciles_the_cache() {
+    let mut reg = registered("a", &[(1, "a"), (2, "b"), (3, "b")]);
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
+    // The new coordinator's durable state: 1 is elsewhere (never happens with persist-before-act,
+    // but the region obeys), 2 moved to us, 3 unknown.
+    let out = from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterAck {
+            epoch: 2,
+            homes: vec![(1, r("c")), (2, r("a"))],
+        },
+    );
+    assert!(out.contains(&RegionAction::StopShard(1)));
+    assert!(out.contains(&RegionAction::StartShard(2)));
+    assert_eq!(reg.shard_view(3), ShardView::Unknown);
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::ShardStopped(1), &mut out);
+    assert_eq!(reg.shard_view(1), ShardView::Remote(r("c")));
+}
+
+#[test]
+fn region_down_drops_cached_homes() {
+    let mut reg = registered("a", &[(1, "b")]);
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::RegionDown(r("b")), &mut out);
+    assert_eq!(reg.shard_view(1), ShardView::Unknown);
+    reg.send(0, env("x", 1, 1), &mut out).unwrap();
+    assert!(matches!(
+        out[..],
+        [RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+            shard: 1,
+            ..
+        })]
+    ));
+}
+
+#[test]
+fn forwarding_loops_are_cut_by_the_hop_limit() {
+    let mut reg = registered("a", &[(1, "b")]);
+    let mut out = Vec::new();
+    let mut e = env("x", 1, 1);
+    e.hops = 3;
+    reg.handle(
+        0,
+        RegionInput::FromPeer {
+            from: r("b"),
+            msg: PeerMsg::Deliver(e),
+        },
+        &mut out,
+    );
+    assert!(matches!(
+        out[..],
+        [RegionAction::ToCoordinator(
+            ToCoordinator::GetShardHome { .. }
+        )]
+    ));
+    assert_eq!(reg.buffered(), 1);
+}
+
+#[test]
+fn proxies_never_host() {
+    let mut c = RegionConfig::new(8);
+    c.proxy = true;
+    let mut reg: RegionState<u32> = RegionState::new(r("p"), c);
+    from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterAck {
+            epoch: 1,
+            homes: vec![(1, r("p"))],
+        },
+    );
+    assert!(reg.hosted_shards().is_empty());
+    let mut coord = coordinator(4, &[]);
+    let _ = msg(
+        &mut coord,
+        0,
+        "p",
+        ToCoordinator::Register {
+            shard_count: 4,
+            proxy: true,
+        },
+    );
+    let mut out = Vec::new();
+    persist_all(&mut coord, &mut out);
+    let out = get_home(&mut coord, "p", 0);
+    assert!(out.is_empty());
+    assert_eq!(coord.stats().no_region_available, 1);
+}
