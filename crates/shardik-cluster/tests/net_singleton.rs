@@ -8,7 +8,7 @@ mod netutil;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use netutil::*;
 use parking_lot::Mutex;
@@ -30,8 +30,8 @@ struct Witness {
     alive: AtomicUsize,
     max_alive: AtomicUsize,
     log: Mutex<Vec<String>>,
-    /// For every instance started: its node, and that node's view at that moment.
-    views: Mutex<Vec<(String, View)>>,
+    /// For every instance started: its node, that node's view and the time at that moment.
+    views: Mutex<Vec<(String, View, Instant)>>,
 }
 
 /// The status of every member (by node id) in one node's view; removed members are absent.
@@ -76,7 +76,10 @@ fn start_singleton(cluster: &Cluster, witness: &Arc<Witness>) -> ClusterSingleto
             .iter()
             .map(|m| (m.node.node_id.clone(), m.status))
             .collect();
-        witness.views.lock().push((node.clone(), view));
+        witness
+            .views
+            .lock()
+            .push((node.clone(), view, Instant::now()));
         let witness = witness.clone();
         Props::new(move || Counter {
             node: node.clone(),
@@ -180,7 +183,18 @@ async fn one_instance_handed_over_on_leave_and_restarted_after_crash() {
     );
 
     // a crashes (its remoting dies without leaving). b (next oldest) starts a new instance,
-    // only once a is Down in its view.
+    // only once a is Down in its view and the down margin (2 s) has passed.
+    let down_seen = {
+        let (cb, a_id) = (nodes[b].cluster.clone(), nodes[a].id().clone());
+        tokio::spawn(async move {
+            cb.wait_until(|s| {
+                s.member(&a_id)
+                    .is_none_or(|m| m.status == MemberStatus::Down)
+            })
+            .await;
+            Instant::now()
+        })
+    };
     nodes[a].cluster.remote().shutdown().await;
     within(
         "b hosts after the crash",
@@ -189,9 +203,15 @@ async fn one_instance_handed_over_on_leave_and_restarted_after_crash() {
     )
     .await;
     {
-        let views = witness.views.lock();
-        let (node, view) = views.last().unwrap();
-        assert_eq!(*node, name(b));
+        let (node, view, started) = witness.views.lock().last().cloned().unwrap();
+        assert_eq!(node, name(b));
+        let down_seen = down_seen.await.unwrap();
+        // The waiter may see the Down a little after b's manager did: allow 0.5 s of it.
+        assert!(
+            started.saturating_duration_since(down_seen) >= Duration::from_millis(1500),
+            "b started {:?} after it saw a Down; the margin is 2 s",
+            started.saturating_duration_since(down_seen)
+        );
         let was = view.iter().find(|(id, _)| *id == name(a)).map(|(_, s)| *s);
         assert!(
             was.is_none_or(|s| s == MemberStatus::Down),

@@ -50,11 +50,12 @@
 //!
 //! **Crash** of the host: it stays the oldest `Up` member while it is only unreachable (no
 //! second instance is started on a suspicion); once the split brain resolver marked it `Down`,
-//! the next oldest starts a new instance. The instance's state is lost with the crashed node
-//! (persist it, e.g. with shardik-persistence, if it matters). Like Akka's, this relies on
-//! the downed side having stopped: with keep-majority the losing side downs itself after
-//! the same `stable_after`, so an instance on the losing side of a partition stops at about
-//! the time the other side starts a new one (see `docs/cluster.md`).
+//! the next oldest starts a new instance [`down_margin`](SingletonSettings::down_margin)
+//! (2 s) later. The instance's state is lost with the crashed node (persist it, e.g. with
+//! shardik-persistence, if it matters). The margin is for partitions: the `Down` member may be
+//! alive on the losing side, whose split brain resolver downs itself after the same
+//! `stable_after` and stops its instance; the margin covers the difference between the two
+//! sides' decisions, as Akka's `down-removal-margin` does (see `docs/cluster.md`).
 //!
 //! ## The proxy
 //! A [`SingletonProxy`] (from [`ClusterSingleton::proxy`], on any node) sends to the node that
@@ -181,11 +182,13 @@ pub struct SingletonSettings {
     buffer_size: usize,
     announce_interval: Duration,
     removal_timeout: Duration,
+    down_margin: Duration,
 }
 
 impl SingletonSettings {
     /// A singleton named `name` (unique among the singletons of the cluster), on any member,
-    /// with a buffer of 1 000 messages, announced every 500 ms, and a removal timeout of 5 s.
+    /// with a buffer of 1 000 messages, announced every 500 ms, a removal timeout of 5 s and a
+    /// down margin of 2 s.
     pub fn new(name: impl Into<String>) -> Self {
         SingletonSettings {
             name: name.into(),
@@ -193,6 +196,7 @@ impl SingletonSettings {
             buffer_size: 1000,
             announce_interval: Duration::from_millis(500),
             removal_timeout: Duration::from_secs(5),
+            down_margin: Duration::from_secs(2),
         }
     }
 
@@ -219,6 +223,17 @@ impl SingletonSettings {
     /// hand-over still blocks the start of a new instance.
     pub fn removal_timeout(mut self, timeout: Duration) -> Self {
         self.removal_timeout = timeout;
+        self
+    }
+
+    /// How long after an older member with the role was marked `Down` it still blocks the
+    /// start of a new instance (unless it confirmed that it runs none). Covers a `Down` member
+    /// that is alive on the losing side of a partition until its own split brain resolver
+    /// stops it, which happens after the same `stable_after` give or take a gossip round.
+    /// Use at least the cluster's `stable_after` when partitions matter more than failover
+    /// time; zero starts the new instance as soon as the old host is `Down`.
+    pub fn down_margin(mut self, margin: Duration) -> Self {
+        self.down_margin = margin;
         self
     }
 
@@ -600,6 +615,19 @@ where
             | ClusterEvent::MemberLeft(m)
             | ClusterEvent::MemberExited(m)
             | ClusterEvent::MemberDowned(m) => {
+                if m.status == MemberStatus::Down
+                    && !self.handed_over.contains(&m.node)
+                    && !self.shared.settings.down_margin.is_zero()
+                {
+                    // It may still run an instance on the losing side of a partition until
+                    // its own resolver stops it: block for the margin.
+                    let ghost = Member {
+                        status: MemberStatus::Exiting,
+                        ..m.clone()
+                    };
+                    let until = Instant::now() + self.shared.settings.down_margin;
+                    self.ghosts.entry(m.node.clone()).or_insert((ghost, until));
+                }
                 if m.status != MemberStatus::Up {
                     self.shared.clear_host_if(&m.node);
                 }
@@ -651,7 +679,16 @@ where
         for m in &state.members {
             self.known.insert(m.node.clone(), m.clone());
         }
-        let mut members = state.members.clone();
+        // A ghost (downed within the margin, or removed without confirming) stands in for
+        // the member with status `Exiting`, which blocks like a member that is leaving.
+        let mut members: Vec<Member> = state
+            .members
+            .iter()
+            .map(|m| match self.ghosts.get(&m.node) {
+                Some((ghost, _)) if m.node != state.self_node => ghost.clone(),
+                _ => m.clone(),
+            })
+            .collect();
         members.extend(
             self.ghosts
                 .values()
