@@ -31,6 +31,18 @@ pub(crate) trait RegionCore<M>: Send + Sync + 'static {
     fn passivate(&self, id: &str) -> bool;
 }
 
+/// Called once every entity of a shard has stopped ([`ShardHost::stop_shard`]).
+pub(crate) type ShardStopped = Box<dyn FnOnce() + Send>;
+
+/// A region that can also stop whole shards: what the cluster layer hosts shards with.
+pub(crate) trait ShardHost<M>: RegionCore<M> {
+    /// Passivates every entity of `shard` (each handles what it has queued first) and calls
+    /// `done` once the shard holds no incarnation. Entities that are restarted meanwhile
+    /// (messages buffered while one stopped) are passivated again, so nothing is lost.
+    /// The caller must stop delivering to the shard first.
+    fn stop_shard(&self, shard: ShardId, done: ShardStopped);
+}
+
 /// A live entity incarnation as the shard sees it.
 pub(crate) struct EntityCell<M>(ActorRef<M>);
 
@@ -73,6 +85,8 @@ pub(crate) struct LocalRegion<A: Actor> {
     settings: Arc<ActorSettings<A::Msg>>,
     lru: Option<Mutex<LruCache<EntityId, ()>>>,
     max_live: usize,
+    /// Shards being stopped for a hand-off, with what to call once they are empty.
+    stopping: Mutex<std::collections::HashMap<ShardId, ShardStopped>>,
     /// Coarse milliseconds since start, advanced by the idle sweeper.
     clock: AtomicU64,
     counters: Counters,
@@ -110,6 +124,7 @@ impl<A: Actor> LocalRegion<A> {
                 settings: Arc::new(settings),
                 lru: max_live.map(|_| Mutex::new(LruCache::unbounded())),
                 max_live: max_live.unwrap_or(usize::MAX),
+                stopping: Mutex::new(std::collections::HashMap::new()),
                 clock: AtomicU64::new(0),
                 counters: Counters::default(),
             }
@@ -214,6 +229,7 @@ impl<A: Actor> LocalRegion<A> {
             after
         };
         self.passivate_victims(victims);
+        self.check_stopping(shard);
         let dropped = match after {
             AfterStop::Dropped(msgs) => msgs,
             AfterStop::Respawned { dropped, .. } => dropped,
@@ -227,6 +243,33 @@ impl<A: Actor> LocalRegion<A> {
                 "entity stopped by shutdown with messages queued"
             };
             self.dead_letter(&id, reason);
+        }
+    }
+
+    /// Passivates every active entity of `shard`; true if it holds no incarnation.
+    fn passivate_shard(&self, shard: ShardId) -> bool {
+        let mut state = self.shards[shard as usize].lock();
+        for id in state.idle_since(u64::MAX) {
+            if state.passivate(&id) {
+                if let Some(lru) = &self.lru {
+                    lru.lock().pop(&*id);
+                }
+            }
+        }
+        state.is_empty()
+    }
+
+    /// After a termination in `shard`: if the shard is being stopped, passivate what was
+    /// restarted and report it stopped once empty.
+    fn check_stopping(&self, shard: ShardId) {
+        if !self.stopping.lock().contains_key(&shard) {
+            return;
+        }
+        if self.passivate_shard(shard) {
+            let done = self.stopping.lock().remove(&shard);
+            if let Some(done) = done {
+                done();
+            }
         }
     }
 
@@ -306,6 +349,18 @@ fn spawn_idle_sweeper<A: Actor>(region: &Arc<LocalRegion<A>>, timeout: Duration)
             }
         }
     });
+}
+
+impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
+    fn stop_shard(&self, shard: ShardId, done: ShardStopped) {
+        if shard >= self.shard_count {
+            done();
+            return;
+        }
+        self.stopping.lock().insert(shard, done);
+        // A termination racing with this call finds the entry and checks again.
+        self.check_stopping(shard);
+    }
 }
 
 impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {

@@ -1,0 +1,546 @@
+//! The coordinator driver: one task per entity type on every node; the one on the oldest `Up`
+//! member reads the replicated state from a majority, recovers a [`Coordinator`] with a new
+//! epoch, and drives it: region messages in, `ToRegion` out, every `Persist` replicated to a
+//! majority of members before `Persisted` is fed back.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use shardik_cluster::member::UniqueAddress;
+use shardik_cluster::runtime::{Cluster, ClusterState, Event};
+use shardik_remote::RemoteRef;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+
+use super::membership::{
+    coordinator_node, is_gone, is_leaving, is_stable, majority, quorum_members,
+};
+use super::replica::ReplicaStore;
+use super::settings::ClusterShardingSettings;
+use super::wire::{
+    region_addr, region_control_path, region_node, CoordWire, ReplicaAck, ReplicaReq, REPLICA_PATH,
+};
+use crate::coordination::{
+    Action, Coordinator, CoordinatorConfig, CoordinatorState, Epoch, Input, RegionId, ToRegion,
+    Version,
+};
+
+/// What the coordinator driver reacts to besides membership and ticks.
+pub(crate) enum CoordEvent {
+    /// A message to the coordinator endpoint (from a remote region or the local one).
+    Wire(CoordWire),
+    /// A replica answered a write.
+    Acked {
+        epoch: Epoch,
+        node: UniqueAddress,
+        ack: ReplicaAck,
+    },
+    /// A replica answered a read of recovery attempt `attempt`.
+    Read {
+        attempt: u64,
+        node: UniqueAddress,
+        state: Option<CoordinatorState>,
+    },
+}
+
+/// What the node's coordinator looks like from outside (introspection).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoordinatorSnapshot {
+    /// The coordinator's epoch.
+    pub epoch: Epoch,
+    /// Its durable (majority-replicated) state.
+    pub state: CoordinatorState,
+    /// Hand-offs running now.
+    pub handoffs: usize,
+}
+
+/// Delivers a coordinator message to this node's region directly (no network).
+pub(crate) type LocalRegionSink = Arc<dyn Fn(ToRegion) + Send + Sync>;
+
+pub(crate) struct Ctx {
+    pub(crate) type_name: String,
+    pub(crate) cluster: Cluster,
+    pub(crate) replicas: Arc<ReplicaStore>,
+    pub(crate) settings: ClusterShardingSettings,
+    pub(crate) clock: Instant,
+    pub(crate) events: mpsc::UnboundedSender<CoordEvent>,
+    pub(crate) local_region: LocalRegionSink,
+    pub(crate) snapshot: Arc<Mutex<Option<CoordinatorSnapshot>>>,
+}
+
+impl Ctx {
+    fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn me(&self) -> &UniqueAddress {
+        self.cluster.self_node()
+    }
+}
+
+struct Active {
+    coord: Coordinator,
+    /// The durable state plus every update emitted so far: what is replicated.
+    target: CoordinatorState,
+    /// The highest version each replica acknowledged for this epoch.
+    acked: HashMap<UniqueAddress, Version>,
+    /// The last version fed back as `Persisted`.
+    fed: Version,
+    last_replicate: Instant,
+    /// Replicas with a write in flight, since when.
+    inflight: HashMap<UniqueAddress, Instant>,
+    fed_down: BTreeSet<RegionId>,
+    fed_leaving: BTreeSet<RegionId>,
+    /// When each region's node was first seen gone (`Down` or removed without leaving).
+    gone_since: HashMap<RegionId, Instant>,
+    stable: Option<bool>,
+    refs: HashMap<String, RemoteRef<ToRegion>>,
+    fenced: bool,
+}
+
+struct Recovery {
+    attempt: u64,
+    started: Instant,
+    results: HashMap<UniqueAddress, Option<CoordinatorState>>,
+}
+
+pub(crate) struct CoordinatorDriver {
+    ctx: Ctx,
+    config: CoordinatorConfig,
+    active: Option<Active>,
+    recovery: Option<Recovery>,
+    attempt: u64,
+    published: Option<(Epoch, Version, usize)>,
+}
+
+impl CoordinatorDriver {
+    pub(crate) fn new(ctx: Ctx, config: CoordinatorConfig) -> Self {
+        CoordinatorDriver {
+            ctx,
+            config,
+            active: None,
+            recovery: None,
+            attempt: 0,
+            published: None,
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<CoordEvent>) {
+        let system = self.ctx.cluster.remote().system().clone();
+        let mut sub = self.ctx.cluster.subscribe();
+        let mut tick = tokio::time::interval(self.ctx.settings.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.on_membership();
+        loop {
+            tokio::select! {
+                _ = system.shutdown_started() => break,
+                _ = tick.tick() => {
+                    self.on_membership();
+                    self.on_tick();
+                }
+                ev = rx.recv() => match ev {
+                    Some(ev) => self.on_event(ev),
+                    None => break,
+                },
+                ev = sub.recv() => match ev {
+                    Ok(Event::Stopped(_)) | Err(RecvError::Closed) => break,
+                    Ok(Event::Cluster(_)) | Err(RecvError::Lagged(_)) => self.on_membership(),
+                },
+            }
+            self.publish();
+        }
+        self.active = None;
+        *self.ctx.snapshot.lock() = None;
+    }
+
+    fn publish(&mut self) {
+        let now = self.active.as_ref().map(|a| {
+            (
+                a.coord.epoch(),
+                a.coord.state().version,
+                a.coord.handoffs().count(),
+            )
+        });
+        if now == self.published {
+            return;
+        }
+        self.published = now;
+        *self.ctx.snapshot.lock() = self.active.as_ref().map(|a| CoordinatorSnapshot {
+            epoch: a.coord.epoch(),
+            state: a.coord.state().clone(),
+            handoffs: a.coord.handoffs().count(),
+        });
+    }
+
+    fn on_membership(&mut self) {
+        let state = self.ctx.cluster.state();
+        let oldest = coordinator_node(&state);
+        if state.stopped.is_some() || oldest.as_ref() != Some(self.ctx.me()) {
+            if self.active.take().is_some() {
+                tracing::info!(entity_type = %self.ctx.type_name, "no longer the coordinator");
+            }
+            self.recovery = None;
+            return;
+        }
+        if self.active.as_ref().is_some_and(|a| a.fenced) {
+            // A newer coordinator wrote to the replicas; start over from their state.
+            self.active = None;
+        }
+        if self.active.is_none() && self.recovery.is_none() {
+            self.start_recovery(&state);
+        }
+        if let Some(a) = &mut self.active {
+            a.feed_membership(&self.ctx, &state);
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(a) = &mut self.active {
+            a.input(&self.ctx, Input::Tick);
+            let retry = self.ctx.settings.replication_timeout / 2;
+            if a.target.version > a.fed && a.last_replicate.elapsed() >= retry {
+                a.replicate(&self.ctx);
+            }
+        }
+        if self
+            .recovery
+            .as_ref()
+            .is_some_and(|r| r.started.elapsed() >= self.ctx.settings.replication_timeout)
+        {
+            let state = self.ctx.cluster.state();
+            self.start_recovery(&state);
+        }
+    }
+
+    fn on_event(&mut self, ev: CoordEvent) {
+        match ev {
+            CoordEvent::Wire(w) => {
+                let Some(a) = &mut self.active else {
+                    return; // not the coordinator (yet): the region retries
+                };
+                let input = match w {
+                    CoordWire::Region { from, msg } => {
+                        // A region whose node this view does not hold yet registers later (it
+                        // retries): a region absent from the membership counts as gone.
+                        let state = self.ctx.cluster.state();
+                        if region_node(&from).is_none_or(|n| is_gone(&state, &n)) {
+                            return;
+                        }
+                        Input::Message { from, msg }
+                    }
+                    CoordWire::Leaving { region } => Input::RegionLeaving(region),
+                };
+                a.input(&self.ctx, input);
+            }
+            CoordEvent::Acked { epoch, node, ack } => {
+                if let Some(a) = &mut self.active {
+                    if a.coord.epoch() == epoch {
+                        a.on_ack(&self.ctx, node, ack);
+                    }
+                }
+            }
+            CoordEvent::Read {
+                attempt,
+                node,
+                state,
+            } => {
+                if let Some(r) = &mut self.recovery {
+                    if r.attempt == attempt {
+                        r.results.insert(node, state);
+                        self.try_finish_recovery();
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_recovery(&mut self, state: &ClusterState) {
+        self.attempt += 1;
+        let attempt = self.attempt;
+        let me = self.ctx.me().clone();
+        let mut results = HashMap::new();
+        results.insert(me.clone(), self.ctx.replicas.read(&self.ctx.type_name));
+        for node in quorum_members(state) {
+            if node == me {
+                continue;
+            }
+            let r = self
+                .ctx
+                .cluster
+                .remote()
+                .lookup::<ReplicaReq>(REPLICA_PATH, &node.address);
+            let tx = self.ctx.events.clone();
+            let type_name = self.ctx.type_name.clone();
+            let timeout = self.ctx.settings.replication_timeout;
+            tokio::spawn(async move {
+                let res = r
+                    .ask(|reply| ReplicaReq::Read { type_name, reply }, timeout)
+                    .await;
+                if let Ok(state) = res {
+                    let _ = tx.send(CoordEvent::Read {
+                        attempt,
+                        node,
+                        state,
+                    });
+                }
+            });
+        }
+        self.recovery = Some(Recovery {
+            attempt,
+            started: Instant::now(),
+            results,
+        });
+        self.try_finish_recovery();
+    }
+
+    fn try_finish_recovery(&mut self) {
+        let Some(r) = &self.recovery else { return };
+        let state = self.ctx.cluster.state();
+        let members = quorum_members(&state);
+        let answered = r.results.keys().filter(|n| members.contains(n)).count();
+        if answered < majority(members.len().max(1)) {
+            return;
+        }
+        let best = r
+            .results
+            .values()
+            .flatten()
+            .max_by_key(|s| (s.epoch, s.version))
+            .cloned()
+            .unwrap_or_else(|| CoordinatorState::new(self.config.shard_count));
+        let epoch = best.epoch + 1;
+        match Coordinator::recover(self.config.clone(), best.clone(), epoch) {
+            Ok((coord, actions)) => {
+                self.recovery = None;
+                tracing::info!(
+                    entity_type = %self.ctx.type_name,
+                    epoch,
+                    version = best.version,
+                    shards = best.shards.len(),
+                    "coordinator started from the majority's state"
+                );
+                let mut a = Active {
+                    coord,
+                    fed: best.version,
+                    target: best,
+                    acked: HashMap::new(),
+                    last_replicate: Instant::now(),
+                    inflight: HashMap::new(),
+                    fed_down: BTreeSet::new(),
+                    fed_leaving: BTreeSet::new(),
+                    gone_since: HashMap::new(),
+                    stable: None,
+                    refs: HashMap::new(),
+                    fenced: false,
+                };
+                a.process(&self.ctx, actions);
+                a.feed_membership(&self.ctx, &state);
+                self.active = Some(a);
+            }
+            Err(e) => {
+                // Retried after the replication timeout; a shard count mismatch stays.
+                tracing::error!(entity_type = %self.ctx.type_name, "coordinator cannot start: {e}");
+            }
+        }
+    }
+}
+
+impl Active {
+    fn input(&mut self, ctx: &Ctx, input: Input) {
+        if !matches!(input, Input::Tick) {
+            tracing::trace!(entity_type = %ctx.type_name, "coordinator input: {input:?}");
+        }
+        let mut out = Vec::new();
+        self.coord.handle(ctx.now_ms(), input, &mut out);
+        self.process(ctx, out);
+    }
+
+    fn process(&mut self, ctx: &Ctx, actions: Vec<Action>) {
+        let mut dirty = false;
+        for action in actions {
+            match action {
+                Action::Persist(update) => {
+                    if let Err(e) = self.target.apply(&update) {
+                        tracing::error!(entity_type = %ctx.type_name, "coordinator update out of order: {e}");
+                    }
+                    dirty = true;
+                }
+                Action::Send { to, msg } => self.send(ctx, &to, msg),
+            }
+        }
+        if dirty {
+            self.replicate(ctx);
+        }
+    }
+
+    fn send(&mut self, ctx: &Ctx, to: &RegionId, msg: ToRegion) {
+        let addr = region_addr(to);
+        if addr == ctx.me().address {
+            (ctx.local_region)(msg);
+            return;
+        }
+        let r = self.refs.entry(addr.to_string()).or_insert_with(|| {
+            ctx.cluster
+                .remote()
+                .lookup(&region_control_path(&ctx.type_name), addr)
+        });
+        if let Err(e) = r.try_tell_control(msg) {
+            // Regions retry (Register, GetShardHome); hand-off steps are resent or time out.
+            tracing::debug!(entity_type = %ctx.type_name, region = %to, "coordinator message not sent: {e}");
+        }
+    }
+
+    /// Sends the target state to every member's replica (this node's directly). At most one
+    /// write per replica is in flight: a replica that acknowledges an older version gets the
+    /// newest state then, so a burst of updates costs one write per replica and round trip.
+    fn replicate(&mut self, ctx: &Ctx) {
+        self.last_replicate = Instant::now();
+        let me = ctx.me().clone();
+        let ack = ctx.replicas.write(&ctx.type_name, self.target.clone());
+        let timeout = ctx.settings.replication_timeout;
+        for node in quorum_members(&ctx.cluster.state()) {
+            if node == me || self.acked.get(&node).copied().unwrap_or(0) >= self.target.version {
+                continue;
+            }
+            if self
+                .inflight
+                .get(&node)
+                .is_some_and(|t| t.elapsed() < timeout)
+            {
+                continue;
+            }
+            self.write_to(ctx, node);
+        }
+        self.on_ack(ctx, me, ack);
+    }
+
+    fn write_to(&mut self, ctx: &Ctx, node: UniqueAddress) {
+        self.inflight.insert(node.clone(), Instant::now());
+        let r = ctx
+            .cluster
+            .remote()
+            .lookup::<ReplicaReq>(REPLICA_PATH, &node.address);
+        let tx = ctx.events.clone();
+        let type_name = ctx.type_name.clone();
+        let state = self.target.clone();
+        let timeout = ctx.settings.replication_timeout;
+        let epoch = self.coord.epoch();
+        tokio::spawn(async move {
+            let res = r
+                .ask(
+                    |reply| ReplicaReq::Write {
+                        type_name,
+                        state,
+                        reply,
+                    },
+                    timeout,
+                )
+                .await;
+            if let Ok(ack) = res {
+                let _ = tx.send(CoordEvent::Acked { epoch, node, ack });
+            }
+        });
+    }
+
+    fn on_ack(&mut self, ctx: &Ctx, node: UniqueAddress, ack: ReplicaAck) {
+        if !ack.accepted && ack.epoch > self.coord.epoch() {
+            if !self.fenced {
+                tracing::warn!(
+                    entity_type = %ctx.type_name,
+                    epoch = self.coord.epoch(),
+                    newer = ack.epoch,
+                    "a newer coordinator wrote to the replicas; stepping down"
+                );
+            }
+            self.fenced = true;
+            return;
+        }
+        if ack.epoch == self.coord.epoch() {
+            let v = self.acked.entry(node.clone()).or_insert(0);
+            *v = (*v).max(ack.version);
+        }
+        if self.inflight.remove(&node).is_some()
+            && self.acked.get(&node).copied().unwrap_or(0) < self.target.version
+        {
+            // Updates came while this write was in flight: send the newest state.
+            self.write_to(ctx, node);
+        }
+        self.check_persisted(ctx);
+    }
+
+    fn check_persisted(&mut self, ctx: &Ctx) {
+        if self.fenced {
+            return;
+        }
+        let members = quorum_members(&ctx.cluster.state());
+        let need = majority(members.len().max(1));
+        let mut versions: Vec<Version> = members
+            .iter()
+            .map(|n| self.acked.get(n).copied().unwrap_or(0))
+            .collect();
+        versions.sort_unstable_by(|a, b| b.cmp(a));
+        let v = versions
+            .get(need - 1)
+            .copied()
+            .unwrap_or(0)
+            .min(self.target.version);
+        if v > self.fed {
+            self.fed = v;
+            self.input(ctx, Input::Persisted(v));
+        }
+    }
+
+    fn feed_membership(&mut self, ctx: &Ctx, state: &ClusterState) {
+        if self.fenced {
+            return;
+        }
+        let stable = is_stable(state);
+        if self.stable != Some(stable) {
+            self.stable = Some(stable);
+            self.input(ctx, Input::MembershipStable(stable));
+        }
+        let regions: BTreeSet<RegionId> = self
+            .coord
+            .working_state()
+            .regions
+            .keys()
+            .chain(self.coord.live_regions())
+            .cloned()
+            .collect();
+        for region in regions {
+            let Some(node) = region_node(&region) else {
+                continue;
+            };
+            if is_gone(state, &node) {
+                if self.fed_down.contains(&region) {
+                    continue;
+                }
+                // A node that left after handing all its shards off: no margin. A downed one
+                // (or one that left before its hand-offs were done) may still be stopping
+                // its entities.
+                let since = *self
+                    .gone_since
+                    .entry(region.clone())
+                    .or_insert_with(Instant::now);
+                let left = self.fed_leaving.contains(&region)
+                    && self
+                        .coord
+                        .working_state()
+                        .shards
+                        .values()
+                        .all(|r| *r != region);
+                if left || since.elapsed() >= ctx.settings.down_margin {
+                    self.fed_down.insert(region.clone());
+                    tracing::info!(entity_type = %ctx.type_name, %region, "region down: its shards are reallocated");
+                    self.input(ctx, Input::RegionDown(region));
+                }
+            } else if is_leaving(state, &node) && self.fed_leaving.insert(region.clone()) {
+                self.input(ctx, Input::RegionLeaving(region));
+            }
+        }
+        // Acks of members that are gone no longer count; a smaller quorum may be complete.
+        self.check_persisted(ctx);
+    }
+}

@@ -1,0 +1,444 @@
+//! The cluster region of one entity type on one node: a [`RegionState`] under a lock, whose
+//! actions are carried out while the lock is held (so their order is the order in which the
+//! state machine emitted them), hosting shards in a `LocalRegion` and talking
+//! to peers and the coordinator over shardik-remote.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use shardik_actor::{ActorSystem, TellError};
+use shardik_cluster::events::ClusterEvent;
+use shardik_cluster::member::UniqueAddress;
+use shardik_cluster::runtime::{Cluster, Event};
+use shardik_remote::RemoteRef;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{mpsc, watch};
+
+use super::coordinator::CoordEvent;
+use super::membership::{coordinator_node, is_gone};
+use super::wire::{
+    coordinator_path, decoder, peer_path, region_addr, region_control_path, region_id, CoordWire,
+    PeerWire,
+};
+use crate::coordination::{
+    Envelope, RegionAction, RegionConfig, RegionId, RegionInput, RegionState, SendError, ToRegion,
+};
+use crate::hash::ShardId;
+use crate::region::{RegionCore, ShardHost};
+use crate::stats::RegionStats;
+
+enum RegionEvent {
+    ShardStopped(ShardId),
+}
+
+struct Inner<M> {
+    state: RegionState<M>,
+    coord: Option<UniqueAddress>,
+    coord_ref: Option<RemoteRef<CoordWire>>,
+    peers: HashMap<RegionId, RemoteRef<PeerWire<M>>>,
+    gone: BTreeSet<RegionId>,
+    out: Vec<RegionAction<M>>,
+}
+
+pub(crate) struct ClusterRegion<M> {
+    type_name: String,
+    shard_count: u32,
+    cluster: Cluster,
+    clock: Instant,
+    local: Arc<dyn ShardHost<M>>,
+    self_id: RegionId,
+    inner: Mutex<Inner<M>>,
+    events: mpsc::UnboundedSender<RegionEvent>,
+    coordinator: mpsc::UnboundedSender<CoordEvent>,
+    stopped: AtomicBool,
+    joined: AtomicBool,
+    leave_complete: watch::Sender<bool>,
+}
+
+impl<M> ClusterRegion<M>
+where
+    M: Serialize + DeserializeOwned + Send + 'static,
+{
+    /// Starts the region: registers its two endpoints and spawns its driver task.
+    pub(crate) fn start(
+        type_name: &str,
+        cluster: &Cluster,
+        clock: Instant,
+        config: RegionConfig,
+        tick: std::time::Duration,
+        local: Arc<dyn ShardHost<M>>,
+        coordinator: mpsc::UnboundedSender<CoordEvent>,
+    ) -> Arc<Self> {
+        let self_id = region_id(cluster.self_node());
+        let shard_count = config.shard_count;
+        let (events, rx) = mpsc::unbounded_channel();
+        let region = Arc::new(ClusterRegion {
+            type_name: type_name.to_string(),
+            shard_count,
+            cluster: cluster.clone(),
+            clock,
+            local,
+            self_id: self_id.clone(),
+            inner: Mutex::new(Inner {
+                state: RegionState::new(self_id, config),
+                coord: None,
+                coord_ref: None,
+                peers: HashMap::new(),
+                gone: BTreeSet::new(),
+                out: Vec::new(),
+            }),
+            events,
+            coordinator,
+            stopped: AtomicBool::new(false),
+            joined: AtomicBool::new(false),
+            leave_complete: watch::channel(false).0,
+        });
+        let remote = cluster.remote();
+        let r = region.clone();
+        remote.register_decoder(
+            &peer_path(type_name),
+            decoder(move |w: PeerWire<M>| {
+                r.input(RegionInput::FromPeer {
+                    from: w.from,
+                    msg: w.msg,
+                })
+            }),
+        );
+        let r = region.clone();
+        remote.register_decoder(
+            &region_control_path(type_name),
+            decoder(move |m: ToRegion| r.on_coordinator_msg(m)),
+        );
+        let r = region.clone();
+        tokio::spawn(async move { r.run(rx, tick).await });
+        region
+    }
+
+    /// A coordinator message (from the network, or directly from this node's coordinator).
+    pub(crate) fn on_coordinator_msg(&self, mut msg: ToRegion) {
+        let mut g = self.inner.lock();
+        // A home on a node this view already holds gone is stale (the coordinator waits
+        // `down_margin` before it reallocates): drop it, keep buffering, ask again later.
+        match &mut msg {
+            ToRegion::ShardHome { region, shard, .. } if g.gone.contains(region) => {
+                tracing::debug!(entity_type = %self.type_name, shard, %region, "home on a gone node ignored");
+                return;
+            }
+            ToRegion::RegisterAck { homes, .. } => {
+                let gone = &g.gone;
+                homes.retain(|(_, r)| !gone.contains(r));
+            }
+            _ => {}
+        }
+        self.handle_locked(&mut g, RegionInput::FromCoordinator(msg));
+    }
+
+    /// Whether the coordinator told this region that all its shards are handed off.
+    pub(crate) fn leave_complete(&self) -> watch::Receiver<bool> {
+        self.leave_complete.subscribe()
+    }
+
+    /// Asks the coordinator to hand off every shard of this region.
+    pub(crate) fn request_leave(&self) {
+        let mut g = self.inner.lock();
+        self.send_coordinator(
+            &mut g,
+            CoordWire::Leaving {
+                region: self.self_id.clone(),
+            },
+        );
+    }
+
+    /// Shards whose entities live here (hosted, moving or stopping).
+    /// Once this node stopped, the shards that still have entities (stopping).
+    pub(crate) fn hosted_shards(&self) -> BTreeSet<ShardId> {
+        let hosted = self.inner.lock().state.hosted_shards();
+        if !self.stopped.load(Ordering::SeqCst) {
+            return hosted;
+        }
+        let counts = self.local.shard_entities();
+        hosted
+            .into_iter()
+            .filter(|s| counts.get(*s as usize).is_some_and(|n| *n > 0))
+            .collect()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn input(&self, input: RegionInput<M>) {
+        let mut g = self.inner.lock();
+        self.handle_locked(&mut g, input);
+    }
+
+    fn handle_locked(&self, g: &mut Inner<M>, input: RegionInput<M>) {
+        match &input {
+            RegionInput::FromCoordinator(m) => {
+                tracing::trace!(entity_type = %self.type_name, region = %self.self_id, "from coordinator: {m:?}")
+            }
+            RegionInput::RegionDown(r) => {
+                tracing::trace!(entity_type = %self.type_name, region = %self.self_id, "region down: {r}")
+            }
+            RegionInput::CoordinatorChanged => {
+                tracing::trace!(entity_type = %self.type_name, region = %self.self_id, "coordinator changed")
+            }
+            _ => {}
+        }
+        let mut out = std::mem::take(&mut g.out);
+        g.state.handle(self.now_ms(), input, &mut out);
+        self.execute(g, &mut out);
+        g.out = out;
+    }
+
+    /// Carries out `out` in order, under the region lock.
+    fn execute(&self, g: &mut Inner<M>, out: &mut Vec<RegionAction<M>>) {
+        for action in out.drain(..) {
+            match action {
+                RegionAction::DeliverLocal(env) => {
+                    let Envelope {
+                        entity_id,
+                        shard,
+                        payload,
+                        ..
+                    } = env;
+                    if self.local.deliver(shard, &entity_id, payload).is_err() {
+                        self.dead_letter(&entity_id, "entity refused the message");
+                    }
+                }
+                RegionAction::ToPeer { to, msg } => {
+                    tracing::trace!(entity_type = %self.type_name, region = %self.self_id, %to, "to peer");
+                    let r = g.peers.entry(to.clone()).or_insert_with(|| {
+                        self.cluster
+                            .remote()
+                            .lookup(&peer_path(&self.type_name), region_addr(&to))
+                    });
+                    if let Err(e) = r.try_tell(PeerWire {
+                        from: self.self_id.clone(),
+                        msg,
+                    }) {
+                        tracing::warn!(entity_type = %self.type_name, region = %to, "message to a peer region not sent: {e}");
+                        self.system().record_dead_letter(
+                            &format_args!("{}{}", region_addr(&to), peer_path(&self.type_name)),
+                            std::any::type_name::<M>(),
+                            "peer region unreachable or message not encodable",
+                        );
+                    }
+                }
+                RegionAction::ToCoordinator(msg) => {
+                    let from = self.self_id.clone();
+                    self.send_coordinator(g, CoordWire::Region { from, msg });
+                }
+                RegionAction::StartShard(shard) => {
+                    tracing::debug!(entity_type = %self.type_name, shard, "hosting shard");
+                }
+                RegionAction::StopShard(shard) => {
+                    tracing::debug!(entity_type = %self.type_name, shard, "stopping shard");
+                    let tx = self.events.clone();
+                    self.local.stop_shard(
+                        shard,
+                        Box::new(move || {
+                            let _ = tx.send(RegionEvent::ShardStopped(shard));
+                        }),
+                    );
+                }
+                RegionAction::ForceStopShard(shard) => {
+                    // Entities are stopped gracefully only: the hand-off waits for them.
+                    tracing::warn!(entity_type = %self.type_name, shard, "shard entities slow to stop; still waiting");
+                }
+                RegionAction::Rejected(r) => {
+                    self.dead_letter(&r.envelope.entity_id, "region buffer full");
+                }
+                RegionAction::Refused(e) => {
+                    tracing::error!(entity_type = %self.type_name, "region refused by the coordinator: {e}");
+                }
+                RegionAction::LeaveComplete => {
+                    self.leave_complete.send_replace(true);
+                }
+            }
+        }
+    }
+
+    fn send_coordinator(&self, g: &mut Inner<M>, msg: CoordWire) {
+        let Some(node) = &g.coord else { return };
+        if node == self.cluster.self_node() {
+            let _ = self.coordinator.send(CoordEvent::Wire(msg));
+        } else if let Some(r) = &g.coord_ref {
+            if let Err(e) = r.try_tell_control(msg) {
+                tracing::debug!(entity_type = %self.type_name, "message to the coordinator not sent: {e}");
+            }
+        }
+    }
+
+    fn dead_letter(&self, id: &str, reason: &'static str) {
+        self.system().record_dead_letter(
+            &format_args!("{}/{}", self.type_name, id),
+            std::any::type_name::<M>(),
+            reason,
+        );
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        mut rx: mpsc::UnboundedReceiver<RegionEvent>,
+        tick: std::time::Duration,
+    ) {
+        let system = self.system().clone();
+        let mut sub = self.cluster.subscribe();
+        let mut ticks = tokio::time::interval(tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.on_membership(None);
+        loop {
+            tokio::select! {
+                _ = system.shutdown_started() => break,
+                _ = ticks.tick() => {
+                    self.on_membership(None);
+                    self.input(RegionInput::Tick);
+                }
+                ev = rx.recv() => match ev {
+                    Some(RegionEvent::ShardStopped(shard)) => {
+                        self.input(RegionInput::ShardStopped(shard))
+                    }
+                    None => break,
+                },
+                ev = sub.recv() => match ev {
+                    Ok(Event::Stopped(_)) | Err(RecvError::Closed) => break,
+                    Ok(Event::Cluster(ev)) => {
+                        // The event is published before the state it leads to: take a downed
+                        // or removed member from the event itself.
+                        let gone = match ev {
+                            ClusterEvent::MemberDowned(m) => Some(m.node),
+                            ClusterEvent::MemberRemoved { node, .. } => Some(node),
+                            _ => None,
+                        };
+                        self.on_membership(gone);
+                    }
+                    Err(RecvError::Lagged(_)) => self.on_membership(None),
+                },
+            }
+        }
+        self.node_stopped();
+    }
+
+    /// Reads the membership (plus `gone`, a member an event just reported downed or removed).
+    fn on_membership(&self, gone: Option<UniqueAddress>) {
+        let state = self.cluster.state();
+        let me = self.cluster.self_node();
+        // Before this node is a member (the type may be started before it joined) it is not
+        // gone; once it was one, Down or removed means stop hosting.
+        if state.self_member().is_some() {
+            self.joined.store(true, Ordering::Relaxed);
+        }
+        let joined = self.joined.load(Ordering::Relaxed);
+        if state.stopped.is_some() || (joined && is_gone(&state, me)) || gone.as_ref() == Some(me) {
+            self.node_stopped();
+            return;
+        }
+        let coord = coordinator_node(&state);
+        let mut inputs = Vec::new();
+        {
+            let mut g = self.inner.lock();
+            if coord != g.coord {
+                g.coord_ref = coord.as_ref().filter(|n| *n != me).map(|n| {
+                    self.cluster
+                        .remote()
+                        .lookup(&coordinator_path(&self.type_name), &n.address)
+                });
+                g.coord = coord.clone();
+                if coord.is_some() {
+                    inputs.push(RegionInput::CoordinatorChanged);
+                }
+            }
+            // Peers whose node is gone: forget them as homes (and as fence senders).
+            let known: Vec<RegionId> = g.peers.keys().cloned().collect();
+            let mut candidates: BTreeSet<RegionId> = known.into_iter().collect();
+            for m in &state.members {
+                candidates.insert(region_id(&m.node));
+            }
+            let just_gone = gone.as_ref().map(region_id);
+            candidates.extend(just_gone.clone());
+            for r in candidates {
+                if g.gone.contains(&r) || r == self.self_id {
+                    continue;
+                }
+                let gone = just_gone.as_ref() == Some(&r)
+                    || super::wire::region_node(&r).is_none_or(|n| is_gone(&state, &n));
+                if gone {
+                    g.gone.insert(r.clone());
+                    g.peers.remove(&r);
+                    inputs.push(RegionInput::RegionDown(r));
+                }
+            }
+        }
+        for input in inputs {
+            self.input(input);
+        }
+    }
+
+    /// This node left the cluster (or was downed, or the system shuts down): stop hosting.
+    fn node_stopped(&self) {
+        if self.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let hosted = self.inner.lock().state.hosted_shards();
+        tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "cluster node stopped: stopping hosted shards");
+        for shard in hosted {
+            self.local.stop_shard(shard, Box::new(|| {}));
+        }
+    }
+}
+
+impl<M> RegionCore<M> for ClusterRegion<M>
+where
+    M: Serialize + DeserializeOwned + Send + 'static,
+{
+    fn deliver(&self, shard: ShardId, id: &str, msg: M) -> Result<(), TellError<M>> {
+        if self.stopped.load(Ordering::Relaxed) {
+            return Err(TellError::Stopped(msg));
+        }
+        let mut g = self.inner.lock();
+        let mut out = std::mem::take(&mut g.out);
+        let res = g
+            .state
+            .send(self.now_ms(), Envelope::new(id, shard, msg), &mut out);
+        self.execute(&mut g, &mut out);
+        g.out = out;
+        res.map_err(|r| match r.error {
+            SendError::BufferFull { .. } => TellError::MailboxFull(r.envelope.payload),
+            SendError::Refused(_) | SendError::BadShard { .. } => {
+                TellError::Stopped(r.envelope.payload)
+            }
+        })
+    }
+
+    fn shard_count(&self) -> u32 {
+        self.shard_count
+    }
+
+    fn type_name(&self) -> &str {
+        &self.type_name
+    }
+
+    fn system(&self) -> &ActorSystem {
+        self.local.system()
+    }
+
+    fn stats(&self) -> RegionStats {
+        let mut stats = self.local.stats();
+        stats.buffered_messages += self.inner.lock().state.buffered();
+        stats
+    }
+
+    fn shard_entities(&self) -> Vec<usize> {
+        self.local.shard_entities()
+    }
+
+    fn passivate(&self, id: &str) -> bool {
+        self.local.passivate(id)
+    }
+}

@@ -1,0 +1,82 @@
+//! [`ClusterShardingSettings`]: the timing and limits of the cluster layer of one entity type.
+
+use std::time::Duration;
+
+use crate::coordination::{CoordinatorConfig, RegionConfig};
+
+/// Timing and limits of one entity type's cluster layer; every node should use the same.
+#[derive(Clone, Debug)]
+pub struct ClusterShardingSettings {
+    /// How often regions and the coordinator are ticked (retries, timeouts, rebalance checks).
+    /// Default 100 ms.
+    pub tick: Duration,
+    /// Interval between a region's `Register` / `GetShardHome` retries. Default 300 ms.
+    pub retry_interval: Duration,
+    /// Minimum time between two rebalance rounds. Default 2 s.
+    pub rebalance_interval: Duration,
+    /// A hand-off whose acknowledgements are not all in after this long is aborted (the owner
+    /// keeps the shard). Default 10 s.
+    pub handoff_ack_timeout: Duration,
+    /// `HandOff` is sent again after this long without `ShardStopped`. Default 5 s.
+    pub handoff_stop_retry: Duration,
+    /// Messages buffered per shard while its home is unknown or it moves. Default 10 000.
+    pub buffer_limit: usize,
+    /// How long one replica write or read may take before it is retried. Default 2 s.
+    pub replication_timeout: Duration,
+    /// How long after a member is seen `Down` (or removed without having left) its shards are
+    /// reallocated. The downed node stops its own entities when it learns it is `Down`
+    /// (with keep-majority, the losing side of a partition downs itself at about the time
+    /// the winning side downs it); the margin covers the difference, like the singleton's.
+    /// Default 2 s.
+    pub down_margin: Duration,
+}
+
+impl Default for ClusterShardingSettings {
+    fn default() -> Self {
+        ClusterShardingSettings {
+            tick: Duration::from_millis(100),
+            retry_interval: Duration::from_millis(300),
+            rebalance_interval: Duration::from_secs(2),
+            handoff_ack_timeout: Duration::from_secs(10),
+            handoff_stop_retry: Duration::from_secs(5),
+            buffer_limit: 10_000,
+            replication_timeout: Duration::from_secs(2),
+            down_margin: Duration::from_secs(2),
+        }
+    }
+}
+
+impl ClusterShardingSettings {
+    /// Sets [`rebalance_interval`](Self::rebalance_interval).
+    pub fn rebalance_interval(mut self, d: Duration) -> Self {
+        self.rebalance_interval = d;
+        self
+    }
+
+    /// Sets [`down_margin`](Self::down_margin).
+    pub fn down_margin(mut self, d: Duration) -> Self {
+        self.down_margin = d;
+        self
+    }
+
+    /// Sets [`buffer_limit`](Self::buffer_limit).
+    pub fn buffer_limit(mut self, n: usize) -> Self {
+        self.buffer_limit = n;
+        self
+    }
+
+    pub(crate) fn coordinator_config(&self, shard_count: u32) -> CoordinatorConfig {
+        let mut c = CoordinatorConfig::new(shard_count);
+        c.rebalance_interval_ms = self.rebalance_interval.as_millis() as u64;
+        c.handoff_ack_timeout_ms = self.handoff_ack_timeout.as_millis() as u64;
+        c.handoff_stop_retry_ms = self.handoff_stop_retry.as_millis() as u64;
+        c
+    }
+
+    pub(crate) fn region_config(&self, shard_count: u32) -> RegionConfig {
+        let mut c = RegionConfig::new(shard_count);
+        c.retry_interval_ms = self.retry_interval.as_millis() as u64;
+        c.buffer_limit = self.buffer_limit;
+        c
+    }
+}

@@ -1,0 +1,262 @@
+//! [`ClusterSharding`]: the cluster sharding extension of one cluster node.
+
+use std::any::Any;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use shardik_actor::Actor;
+use shardik_cluster::runtime::{Cluster, StopReason};
+use tokio::sync::{mpsc, watch};
+
+use super::coordinator::{CoordEvent, CoordinatorDriver, CoordinatorSnapshot, Ctx};
+use super::region::ClusterRegion;
+use super::replica::ReplicaStore;
+use super::settings::ClusterShardingSettings;
+use super::wire::{coordinator_path, decoder};
+use crate::coordination::ToRegion;
+use crate::entity::EntityType;
+use crate::error::ShardingError;
+use crate::handle::Region;
+use crate::hash::ShardId;
+use crate::region::LocalRegion;
+
+/// The type-erased face of one started entity type.
+trait StartedType: Send + Sync {
+    fn region_any(&self) -> &(dyn Any + Send + Sync);
+    fn msg_type(&self) -> &'static str;
+    fn hosted_shards(&self) -> BTreeSet<ShardId>;
+    fn coordinator(&self) -> Option<CoordinatorSnapshot>;
+    fn request_leave(&self);
+    fn leave_complete(&self) -> watch::Receiver<bool>;
+}
+
+struct Started<M> {
+    handle: Region<M>,
+    region: Arc<ClusterRegion<M>>,
+    snapshot: Arc<Mutex<Option<CoordinatorSnapshot>>>,
+}
+
+impl<M> StartedType for Started<M>
+where
+    M: Serialize + DeserializeOwned + Send + 'static,
+{
+    fn region_any(&self) -> &(dyn Any + Send + Sync) {
+        &self.handle
+    }
+    fn msg_type(&self) -> &'static str {
+        std::any::type_name::<M>()
+    }
+    fn hosted_shards(&self) -> BTreeSet<ShardId> {
+        self.region.hosted_shards()
+    }
+    fn coordinator(&self) -> Option<CoordinatorSnapshot> {
+        self.snapshot.lock().clone()
+    }
+    fn request_leave(&self) {
+        self.region.request_leave();
+    }
+    fn leave_complete(&self) -> watch::Receiver<bool> {
+        self.region.leave_complete()
+    }
+}
+
+struct Inner {
+    cluster: Cluster,
+    replicas: Arc<ReplicaStore>,
+    clock: Instant,
+    types: Mutex<HashMap<String, Arc<dyn StartedType>>>,
+}
+
+/// Cluster sharding on one node: entity types whose shards are placed on the members of the
+/// cluster, reached from any node through the same [`Region`] and
+/// [`EntityRef`](crate::EntityRef) handles as single-node sharding.
+///
+/// Every node that should host (or send to) an entity type starts it with the same name, shard
+/// count and settings. See the [module docs](super) for how it works.
+#[derive(Clone)]
+pub struct ClusterSharding {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ClusterSharding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSharding")
+            .field("node", self.inner.cluster.self_node())
+            .field("types", &self.type_names())
+            .finish()
+    }
+}
+
+struct Slot(ClusterSharding);
+
+impl ClusterSharding {
+    /// The cluster sharding extension of `cluster`'s node (created on first use, which also
+    /// starts this node's coordinator-state replica).
+    pub fn get(cluster: &Cluster) -> ClusterSharding {
+        let system = cluster.remote().system().clone();
+        let slot = system.extension(|_| {
+            let replicas = Arc::new(ReplicaStore::default());
+            replicas.serve(cluster.remote());
+            Slot(ClusterSharding {
+                inner: Arc::new(Inner {
+                    cluster: cluster.clone(),
+                    replicas,
+                    clock: Instant::now(),
+                    types: Mutex::new(HashMap::new()),
+                }),
+            })
+        });
+        slot.0.clone()
+    }
+
+    /// Starts `entity` on this node with default [`ClusterShardingSettings`] and returns its
+    /// region. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// [`ShardingError::AlreadyStarted`] if a type of that name runs already,
+    /// [`ShardingError::InvalidSettings`] for out-of-range settings.
+    pub fn start<A>(&self, entity: EntityType<A>) -> Result<Region<A::Msg>, ShardingError>
+    where
+        A: Actor,
+        A::Msg: Serialize + DeserializeOwned,
+    {
+        self.start_with(entity, ClusterShardingSettings::default())
+    }
+
+    /// [`start`](Self::start) with explicit settings.
+    pub fn start_with<A>(
+        &self,
+        entity: EntityType<A>,
+        settings: ClusterShardingSettings,
+    ) -> Result<Region<A::Msg>, ShardingError>
+    where
+        A: Actor,
+        A::Msg: Serialize + DeserializeOwned,
+    {
+        entity.validate()?;
+        let mut types = self.inner.types.lock();
+        let name = entity.name().to_string();
+        if types.contains_key(&name) {
+            return Err(ShardingError::AlreadyStarted(name));
+        }
+        let shard_count = entity.shards;
+        let cluster = &self.inner.cluster;
+        let system = cluster.remote().system().clone();
+        let local = LocalRegion::start(&system, entity);
+        let (coord_tx, coord_rx) = mpsc::unbounded_channel();
+        let region = ClusterRegion::start(
+            &name,
+            cluster,
+            self.inner.clock,
+            settings.region_config(shard_count),
+            settings.tick,
+            local,
+            coord_tx.clone(),
+        );
+        let snapshot = Arc::new(Mutex::new(None));
+        let r = region.clone();
+        let ctx = Ctx {
+            type_name: name.clone(),
+            cluster: cluster.clone(),
+            replicas: self.inner.replicas.clone(),
+            settings: settings.clone(),
+            clock: self.inner.clock,
+            events: coord_tx.clone(),
+            local_region: Arc::new(move |m: ToRegion| r.on_coordinator_msg(m)),
+            snapshot: snapshot.clone(),
+        };
+        let tx = coord_tx;
+        cluster.remote().register_decoder(
+            &coordinator_path(&name),
+            decoder(move |w| {
+                let _ = tx.send(CoordEvent::Wire(w));
+            }),
+        );
+        let driver = CoordinatorDriver::new(ctx, settings.coordinator_config(shard_count));
+        tokio::spawn(driver.run(coord_rx));
+        let handle = Region::new(region.clone());
+        types.insert(
+            name,
+            Arc::new(Started {
+                handle: handle.clone(),
+                region,
+                snapshot,
+            }),
+        );
+        Ok(handle)
+    }
+
+    /// The region of a started entity type.
+    ///
+    /// # Errors
+    /// `Ok(None)` if no such type runs; [`ShardingError::WrongMessageType`] if it runs with
+    /// another message type.
+    pub fn region<M: Send + 'static>(
+        &self,
+        type_name: &str,
+    ) -> Result<Option<Region<M>>, ShardingError> {
+        let types = self.inner.types.lock();
+        let Some(t) = types.get(type_name) else {
+            return Ok(None);
+        };
+        match t.region_any().downcast_ref::<Region<M>>() {
+            Some(r) => Ok(Some(r.clone())),
+            None => Err(ShardingError::WrongMessageType {
+                name: type_name.to_string(),
+                actual: t.msg_type(),
+                requested: std::any::type_name::<M>(),
+            }),
+        }
+    }
+
+    /// Names of the entity types started on this node, sorted.
+    pub fn type_names(&self) -> Vec<String> {
+        let mut names: Vec<_> = self.inner.types.lock().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The shards of `type_name` whose entities live on this node now (hosted, or being
+    /// handed off and not yet stopped). `None` if the type is not started here.
+    pub fn hosted_shards(&self, type_name: &str) -> Option<BTreeSet<ShardId>> {
+        let t = self.inner.types.lock().get(type_name).cloned()?;
+        Some(t.hosted_shards())
+    }
+
+    /// The coordinator of `type_name` if it runs on this node (the oldest `Up` member): its
+    /// epoch, durable state (shard homes, regions) and running hand-offs.
+    pub fn coordinator(&self, type_name: &str) -> Option<CoordinatorSnapshot> {
+        let t = self.inner.types.lock().get(type_name).cloned()?;
+        t.coordinator()
+    }
+
+    /// Leaves the cluster gracefully: first every entity type started here hands all its shards
+    /// off to other nodes (each shard's entities stop here before they start there, and
+    /// messages sent meanwhile are buffered and delivered there), then the node leaves the
+    /// membership ([`Cluster::leave`]). Waits up to `handoff_timeout` for the hand-offs; after
+    /// that the node leaves anyway (shards not handed off are reallocated once it is gone).
+    pub async fn leave(&self, handoff_timeout: Duration) -> StopReason {
+        let types: Vec<Arc<dyn StartedType>> = self.inner.types.lock().values().cloned().collect();
+        let all = async {
+            for t in &types {
+                let mut done = t.leave_complete();
+                loop {
+                    if *done.borrow() {
+                        break;
+                    }
+                    t.request_leave();
+                    // Re-sent until the coordinator answers (it may be starting or moving).
+                    let _ = tokio::time::timeout(Duration::from_millis(500), done.changed()).await;
+                }
+            }
+        };
+        if tokio::time::timeout(handoff_timeout, all).await.is_err() {
+            tracing::warn!("cluster sharding: hand-offs not complete before leaving");
+        }
+        self.inner.cluster.leave().await
+    }
+}

@@ -1,0 +1,95 @@
+//! A partition isolates one node while three senders (one on each node) stream to 20
+//! entities. The isolated node downs itself and stops its entities; the majority downs it and,
+//! after `down_margin`, restarts its entities. The shared registry checks that no entity id
+//! ever has two live incarnations, and no sender's numbers are duplicated or reordered.
+
+mod cluster_util;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster_util::*;
+use shardik_cluster::runtime::StopReason;
+use shardik_remote::FaultInjector;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_node_stops_its_entities_before_the_majority_restarts_them() {
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    let nodes = cluster_with(3, 12, &reg, Some(&faults)).await;
+    let ids: Vec<String> = (0..20).map(|i| format!("e{i}")).collect();
+    let mut on_n2 = Vec::new();
+    for id in &ids {
+        if where_is(&nodes[0], id).await == "n2" {
+            on_n2.push(id.clone());
+        }
+    }
+    assert!(!on_n2.is_empty());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut senders = Vec::new();
+    for (sender, node) in [(0u32, 0usize), (1, 1), (2, 2)] {
+        let region = nodes[node].region.clone();
+        let ids = ids.clone();
+        let stop = stop.clone();
+        senders.push(tokio::spawn(async move {
+            let mut seq = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                for id in &ids {
+                    region.tell(id, Msg::Add { sender, seq });
+                }
+                seq += 1;
+                // Pacing of the stream, not a wait.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            seq
+        }));
+    }
+    for other in ["n0", "n1"] {
+        faults.cut_both("n2", other);
+    }
+    let s = wait_state(&nodes[2].cluster, "n2 downs itself", |s| {
+        s.stopped.is_some()
+    })
+    .await;
+    assert_eq!(s.stopped, Some(StopReason::Downed));
+    let n2 = nodes[2].id().clone();
+    for n in &nodes[..2] {
+        wait_state(&n.cluster, "n2 removed", |s| s.member(&n2).is_none()).await;
+    }
+    region_dropped(&nodes[0], "n2").await;
+    poll(
+        "n2's entities run on the majority",
+        Duration::from_secs(20),
+        || {
+            let homes = reg.homes.lock();
+            on_n2.iter().all(|id| homes[id.as_str()].len() >= 2)
+        },
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for s in senders {
+        s.await.unwrap();
+    }
+    for id in &ids {
+        where_is(&nodes[0], id).await;
+        let journal = reg.journal.lock();
+        for s in 0..3u32 {
+            let seqs: Vec<u64> = journal[id]
+                .iter()
+                .filter(|(x, _)| *x == s)
+                .map(|(_, q)| *q)
+                .collect();
+            assert!(
+                seqs.windows(2).all(|w| w[0] < w[1]),
+                "{id} from sender {s}: duplicated or out of order"
+            );
+        }
+    }
+    assert!(
+        nodes[2].hosted().is_empty(),
+        "the isolated node hosts nothing"
+    );
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}

@@ -1,0 +1,372 @@
+//! Helpers of the `cluster_*` tests: cluster nodes on 127.0.0.1 with OS-assigned ports, each
+//! in its own actor system in this process, an entity that reports its incarnations to a
+//! shared [`Registry`] (the single-writer check), and waits with deadlines.
+#![allow(dead_code)]
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use shardik_actor::{Actor, ActorError, ActorSystem, Context, ReplyTo};
+use shardik_cluster::member::UniqueAddress;
+use shardik_cluster::runtime::{Cluster, ClusterConfig, ClusterState};
+use shardik_remote::FaultInjector;
+use shardik_sharding::cluster::{ClusterSharding, ClusterShardingSettings};
+use shardik_sharding::{EntityType, Region, ShardId};
+
+pub const SECRET: &[u8] = b"sharding test secret, 32 bytes or more";
+pub const TYPE: &str = "probe";
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// What the probe entity understands.
+#[derive(Serialize, Deserialize)]
+pub enum Msg {
+    /// Sequence number `seq` from sender `sender`.
+    Add { sender: u32, seq: u64 },
+    /// The node it runs on.
+    Where(ReplyTo<String>),
+    /// What this incarnation received.
+    Get(ReplyTo<Vec<(u32, u64)>>),
+}
+
+/// Shared by every node of a test (they run in one process): live incarnations per entity id,
+/// the worst count ever seen, a journal of every `Add` handled (which survives moves), and
+/// the nodes each entity ever ran on.
+#[derive(Default)]
+pub struct Registry {
+    live: Mutex<HashMap<String, usize>>,
+    pub max_live: AtomicUsize,
+    pub journal: Mutex<HashMap<String, Vec<(u32, u64)>>>,
+    pub homes: Mutex<HashMap<String, Vec<String>>>,
+    pub adds: AtomicUsize,
+}
+
+impl Registry {
+    fn started(&self, id: &str, node: &str) {
+        let mut live = self.live.lock();
+        let n = live.entry(id.to_string()).or_default();
+        *n += 1;
+        self.max_live.fetch_max(*n, Ordering::SeqCst);
+        self.homes
+            .lock()
+            .entry(id.to_string())
+            .or_default()
+            .push(node.to_string());
+    }
+
+    fn stopped(&self, id: &str) {
+        let mut live = self.live.lock();
+        if let Some(n) = live.get_mut(id) {
+            *n -= 1;
+        }
+    }
+
+    /// The single-writer invariant: never two live incarnations of one id.
+    pub fn assert_single_writer(&self) {
+        assert!(
+            self.max_live.load(Ordering::SeqCst) <= 1,
+            "two live incarnations of one entity id at once"
+        );
+    }
+
+    /// Live incarnations now, over all ids.
+    pub fn live_total(&self) -> usize {
+        self.live.lock().values().sum()
+    }
+
+    /// Checks that `id` handled exactly `0..n` from each sender in `senders`, in order.
+    pub fn assert_stream(&self, id: &str, senders: &[u32], n: u64) {
+        let journal = self.journal.lock();
+        let got = journal.get(id).cloned().unwrap_or_default();
+        for s in senders {
+            let seqs: Vec<u64> = got
+                .iter()
+                .filter(|(x, _)| x == s)
+                .map(|(_, q)| *q)
+                .collect();
+            let want: Vec<u64> = (0..n).collect();
+            assert_eq!(
+                seqs, want,
+                "entity {id}: sender {s} out of order, lost or duplicated"
+            );
+        }
+    }
+}
+
+pub struct Probe {
+    id: String,
+    node: String,
+    reg: Arc<Registry>,
+    got: Vec<(u32, u64)>,
+}
+
+impl Probe {
+    pub fn new(id: &str, node: &str, reg: &Arc<Registry>) -> Self {
+        Probe {
+            id: id.to_string(),
+            node: node.to_string(),
+            reg: reg.clone(),
+            got: Vec::new(),
+        }
+    }
+}
+
+impl Actor for Probe {
+    type Msg = Msg;
+    async fn started(&mut self, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        self.reg.started(&self.id, &self.node);
+        Ok(())
+    }
+    async fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.reg.stopped(&self.id);
+    }
+    async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        match msg {
+            Msg::Add { sender, seq } => {
+                self.got.push((sender, seq));
+                self.reg
+                    .journal
+                    .lock()
+                    .entry(self.id.clone())
+                    .or_default()
+                    .push((sender, seq));
+                self.reg.adds.fetch_add(1, Ordering::SeqCst);
+            }
+            Msg::Where(r) => r.reply(self.node.clone()),
+            Msg::Get(r) => r.reply(self.got.clone()),
+        }
+        Ok(())
+    }
+}
+
+pub fn settings() -> ClusterShardingSettings {
+    ClusterShardingSettings::default().rebalance_interval(Duration::from_millis(500))
+}
+
+pub struct Node {
+    pub system: ActorSystem,
+    pub cluster: Cluster,
+    pub sharding: ClusterSharding,
+    pub region: Region<Msg>,
+}
+
+impl Node {
+    pub fn id(&self) -> &UniqueAddress {
+        self.cluster.self_node()
+    }
+
+    pub fn name(&self) -> String {
+        self.id().node_id.clone()
+    }
+
+    pub fn hosted(&self) -> BTreeSet<ShardId> {
+        self.sharding.hosted_shards(TYPE).unwrap_or_default()
+    }
+
+    /// Crash: the cluster layer stops without leaving, then the actor system (its entities).
+    pub async fn crash(&self) {
+        self.cluster.shutdown().await;
+        self.system.shutdown().await;
+    }
+}
+
+pub fn config(node_id: &str) -> ClusterConfig {
+    let mut c = ClusterConfig::new("shard", node_id).secret(SECRET.to_vec());
+    c.remote = c
+        .remote
+        .backoff(Duration::from_millis(10), Duration::from_millis(500));
+    c
+}
+
+/// Starts a node (joining through `seed`, or forming the cluster), waits until it is up and
+/// starts the probe type with `shards` shards on it.
+pub async fn start_node(id: &str, seed: Option<&str>, shards: u32, reg: &Arc<Registry>) -> Node {
+    start_node_with(id, seed, shards, reg, None).await
+}
+
+/// [`start_node`] with links cut or delayed by `faults`.
+pub async fn start_node_with(
+    id: &str,
+    seed: Option<&str>,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+) -> Node {
+    init_tracing();
+    let system = ActorSystem::new(id.to_string());
+    let mut c = config(id);
+    if let Some(f) = faults {
+        c = c.faults(f.clone());
+    }
+    if let Some(seed) = seed {
+        c = c.seed_nodes([seed.to_string()]);
+    }
+    let cluster = Cluster::start(&system, c).await.expect("cluster starts");
+    tokio::time::timeout(Duration::from_secs(15), cluster.when_up())
+        .await
+        .expect("up in time")
+        .expect("up");
+    let sharding = ClusterSharding::get(&cluster);
+    let node = id.to_string();
+    let r = reg.clone();
+    let region = sharding
+        .start_with(
+            EntityType::new(TYPE, move |eid: &str| Probe::new(eid, &node, &r)).shards(shards),
+            settings(),
+        )
+        .expect("type starts");
+    Node {
+        system,
+        cluster,
+        sharding,
+        region,
+    }
+}
+
+/// `n` nodes `n0..`: `n0` forms the cluster, the others join through it; returns once every
+/// node sees all of them `Up`.
+pub async fn cluster_of(n: usize, shards: u32, reg: &Arc<Registry>) -> Vec<Node> {
+    cluster_with(n, shards, reg, None).await
+}
+
+/// [`cluster_of`] with `faults` on every node.
+pub async fn cluster_with(
+    n: usize,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+) -> Vec<Node> {
+    let first = start_node_with("n0", None, shards, reg, faults).await;
+    let seed = first.id().address.clone();
+    let mut nodes = vec![first];
+    for i in 1..n {
+        nodes.push(start_node_with(&format!("n{i}"), Some(&seed), shards, reg, faults).await);
+    }
+    all_up(&nodes).await;
+    registered(&nodes[0], n).await;
+    nodes
+}
+
+/// Waits until the coordinator on `coord` has `n` regions registered (no event reports it).
+pub async fn registered(coord: &Node, n: usize) {
+    poll("regions registered", Duration::from_secs(20), || {
+        coord
+            .sharding
+            .coordinator(TYPE)
+            .is_some_and(|c| c.state.regions.len() == n)
+    })
+    .await;
+}
+
+pub async fn all_up(nodes: &[Node]) {
+    let ids: Vec<UniqueAddress> = nodes.iter().map(|n| n.id().clone()).collect();
+    for node in nodes {
+        wait_state(&node.cluster, "all up", |s| s.all_up(&ids)).await;
+    }
+}
+
+pub async fn wait_state(
+    node: &Cluster,
+    what: &str,
+    pred: impl FnMut(&ClusterState) -> bool,
+) -> ClusterState {
+    match tokio::time::timeout(Duration::from_secs(20), node.wait_until(pred)).await {
+        Ok(s) => s,
+        Err(_) => panic!("{what}: not in time on {}", node.self_node()),
+    }
+}
+
+/// Waits until the coordinator (on `coord`) dropped the region of node `node_id` from its
+/// state: a downed node's shards are reallocated only `down_margin` after `Down`, and by then
+/// every region has forgotten it as a home (no event reports it: polled).
+pub async fn region_dropped(coord: &Node, node_id: &str) {
+    let tag = format!("#{node_id}#");
+    poll("region dropped", Duration::from_secs(20), || {
+        coord
+            .sharding
+            .coordinator(TYPE)
+            .is_some_and(|c| c.state.regions.keys().all(|r| !r.0.contains(&tag)))
+    })
+    .await;
+}
+
+/// Polls `pred` every 20 ms until it holds (for conditions no event reports), or panics.
+pub async fn poll(what: &str, timeout: Duration, mut pred: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !pred() {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until every entity of `ids` handled `0..counts[s]` from each sender `s` (no event
+/// reports it: polled), then checks exactly once each and in order; on timeout prints what is
+/// missing.
+pub async fn await_streams(reg: &Registry, ids: &[String], counts: &[u64]) {
+    let expected: usize = counts.iter().map(|c| *c as usize * ids.len()).sum();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reg.adds.load(Ordering::SeqCst) < expected {
+        if Instant::now() > deadline {
+            let journal = reg.journal.lock();
+            for id in ids {
+                for (s, n) in counts.iter().enumerate() {
+                    let got = journal.get(id).cloned().unwrap_or_default();
+                    let seqs: Vec<u64> = got
+                        .iter()
+                        .filter(|(x, _)| *x == s as u32)
+                        .map(|(_, q)| *q)
+                        .collect();
+                    let missing: Vec<u64> = (0..*n).filter(|q| !seqs.contains(q)).collect();
+                    if !missing.is_empty() {
+                        eprintln!(
+                            "{id} sender {s}: {} missing, first {:?}; homes {:?}",
+                            missing.len(),
+                            missing.first(),
+                            reg.homes.lock().get(id)
+                        );
+                    }
+                }
+            }
+            panic!("not every number handled within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(reg.adds.load(Ordering::SeqCst), expected, "duplicates");
+    let senders: Vec<u32> = (0..counts.len() as u32).collect();
+    for id in ids {
+        for (s, n) in counts.iter().enumerate() {
+            reg.assert_stream(id, &senders[s..=s], *n);
+        }
+    }
+}
+
+pub const ASK: Duration = Duration::from_secs(10);
+
+/// Where entity `id` runs, asked through `node`.
+pub async fn where_is(node: &Node, id: &str) -> String {
+    node.region
+        .entity_ref(id)
+        .ask(Msg::Where, ASK)
+        .await
+        .unwrap_or_else(|e| panic!("ask {id} through {}: {e}", node.name()))
+}
+
+pub async fn stop_all(nodes: &[Node]) {
+    for n in nodes {
+        if n.cluster.stopped().is_none() {
+            n.cluster.shutdown().await;
+        }
+        n.system.shutdown().await;
+    }
+}
