@@ -17,15 +17,23 @@ use crate::wire::{self, WireReplyAddr};
 /// whether the recipient is local or on another node: the transport registers the local end
 /// while encoding and resolves the remote end while decoding (see [`crate::wire`]). Outside such
 /// a transport, serializing a `ReplyTo` is an error that says so.
+///
+/// A `ReplyTo` that arrived from another node can be forwarded again, inside a message to a
+/// third node: the transport exports a new slot on this node that relays the answer to the
+/// original asker (answers only ever travel back to the node a request came from). Like any
+/// `ReplyTo`, it is one-shot: serializing it a second time is an error.
 pub struct ReplyTo<R> {
     inner: Inner<R>,
 }
 
+type RemoteReply<R> = Box<dyn FnOnce(R) + Send + Sync>;
+
 enum Inner<R> {
     /// The asker is in this process. The mutex lets serialization move the sender out.
     Local(Mutex<Option<oneshot::Sender<R>>>),
-    /// The asker is elsewhere; the closure encodes and ships the value.
-    Remote(Box<dyn FnOnce(R) + Send + Sync>),
+    /// The asker is elsewhere; the closure encodes and ships the value. The mutex lets
+    /// serialization move it into a relay slot when the handle is forwarded again.
+    Remote(Mutex<Option<RemoteReply<R>>>),
 }
 
 impl<R> ReplyTo<R> {
@@ -47,7 +55,7 @@ impl<R> ReplyTo<R> {
     /// that must travel back over the network.
     pub fn from_fn(f: impl FnOnce(R) + Send + Sync + 'static) -> Self {
         ReplyTo {
-            inner: Inner::Remote(Box::new(f)),
+            inner: Inner::Remote(Mutex::new(Some(Box::new(f)))),
         }
     }
 
@@ -60,16 +68,21 @@ impl<R> ReplyTo<R> {
                     let _ = tx.send(value);
                 }
             }
-            Inner::Remote(f) => f(value),
+            Inner::Remote(f) => {
+                if let Some(f) = f.into_inner() {
+                    f(value);
+                }
+            }
         }
     }
 
-    /// True if a local asker has stopped waiting (timed out or dropped its future). Always
-    /// false for a remote asker, whose state is not known here.
+    /// True if a local asker has stopped waiting (timed out or dropped its future), or the
+    /// handle was forwarded to another node. False for a remote asker otherwise, whose state
+    /// is not known here.
     pub fn is_closed(&self) -> bool {
         match &self.inner {
             Inner::Local(tx) => tx.lock().as_ref().is_none_or(|tx| tx.is_closed()),
-            Inner::Remote(_) => false,
+            Inner::Remote(f) => f.lock().is_none(),
         }
     }
 }
@@ -88,26 +101,32 @@ where
     R: DeserializeOwned + Send + 'static,
 {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let Inner::Local(slot) = &self.inner else {
-            return Err(serde::ser::Error::custom(
-                "a ReplyTo that was itself received from another node cannot be forwarded",
-            ));
-        };
-        let Some(tx) = slot.lock().take() else {
-            return Err(serde::ser::Error::custom(
-                "this ReplyTo was already serialized once; a reply channel is one-shot",
-            ));
-        };
-        let deliver = Box::new(move |bytes: &[u8]| -> Result<(), String> {
-            let value: R = rmp_serde::from_slice(bytes).map_err(|e| {
+        const TWICE: &str = "this ReplyTo was already serialized once; a reply channel is one-shot";
+        fn decode<R: DeserializeOwned>(bytes: &[u8]) -> Result<R, String> {
+            rmp_serde::from_slice(bytes).map_err(|e| {
                 format!(
                     "reply of type {} failed to decode: {e}",
                     std::any::type_name::<R>()
                 )
-            })?;
-            let _ = tx.send(value);
-            Ok(())
-        });
+            })
+        }
+        let deliver: wire::ReplyDeliver = match &self.inner {
+            Inner::Local(slot) => {
+                let tx = slot.lock().take().ok_or(serde::ser::Error::custom(TWICE))?;
+                Box::new(move |bytes: &[u8]| {
+                    let _ = tx.send(decode::<R>(bytes)?);
+                    Ok(())
+                })
+            }
+            // Forwarded again: the new slot relays the answer to the original asker.
+            Inner::Remote(slot) => {
+                let f = slot.lock().take().ok_or(serde::ser::Error::custom(TWICE))?;
+                Box::new(move |bytes: &[u8]| {
+                    f(decode::<R>(bytes)?);
+                    Ok(())
+                })
+            }
+        };
         let addr = wire::export_reply(deliver).map_err(serde::ser::Error::custom)?;
         addr.serialize(serializer)
     }

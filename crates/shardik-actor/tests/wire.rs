@@ -146,21 +146,27 @@ async fn serializing_a_reply_handle_without_a_wire_context_is_an_error() {
 }
 
 #[tokio::test]
-async fn a_reply_handle_is_one_shot_on_the_wire_and_cannot_be_forwarded() {
+async fn a_reply_handle_is_one_shot_on_the_wire_and_can_be_forwarded_once() {
     let ctx: Arc<dyn WireContext> = Arc::new(Loopback::default());
     let (reply, _rx) = ReplyTo::<u64>::channel();
     with_wire_context(&ctx, || rmp_serde::to_vec_named(&reply)).unwrap();
     let again = with_wire_context(&ctx, || rmp_serde::to_vec_named(&reply)).unwrap_err();
     assert!(again.to_string().contains("already serialized"), "{again}");
 
-    let (reply, _rx) = ReplyTo::<u64>::channel();
+    // A handle received from the wire, forwarded again: the answer to the forwarded handle
+    // reaches the original asker through a relay slot.
+    let (reply, rx) = ReplyTo::<u64>::channel();
     let bytes = with_wire_context(&ctx, || rmp_serde::to_vec_named(&reply)).unwrap();
     let remote: ReplyTo<u64> = with_wire_context(&ctx, || rmp_serde::from_slice(&bytes)).unwrap();
-    let forwarded = with_wire_context(&ctx, || rmp_serde::to_vec_named(&remote)).unwrap_err();
-    assert!(
-        forwarded.to_string().contains("cannot be forwarded"),
-        "{forwarded}"
-    );
+    assert!(!remote.is_closed());
+    let forwarded = with_wire_context(&ctx, || rmp_serde::to_vec_named(&remote)).unwrap();
+    assert!(remote.is_closed(), "the handle moved into the relay slot");
+    let twice = with_wire_context(&ctx, || rmp_serde::to_vec_named(&remote)).unwrap_err();
+    assert!(twice.to_string().contains("already serialized"), "{twice}");
+    let third: ReplyTo<u64> =
+        with_wire_context(&ctx, || rmp_serde::from_slice(&forwarded)).unwrap();
+    third.reply(42);
+    assert_eq!(rx.await, Ok(42));
 }
 
 #[tokio::test(start_paused = true)]

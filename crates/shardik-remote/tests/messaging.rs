@@ -136,6 +136,45 @@ async fn three_nodes_relay_an_ask_and_reply_to_the_original_sender() {
     assert!(b.connection(c.addr()).is_some());
 }
 
+/// Passes every request on, unchanged and with the asker's reply handle, to the next node.
+struct Forwarder {
+    next: RemoteRef<Echo>,
+}
+
+impl Actor for Forwarder {
+    type Msg = Echo;
+    async fn handle(&mut self, msg: Echo, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        self.next.tell(msg);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_handle_forwarded_to_a_third_node_answers_the_original_asker() {
+    let (_sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    let (sys_c, c) = node("c").await;
+    let _seen_c = echo(&sys_c, &c);
+    b.register(
+        "/user/forward",
+        sys_b.spawn(Forwarder {
+            next: b.lookup("/user/echo", c.addr()),
+        }),
+    );
+    let to_b = a.lookup::<Echo>("/user/forward", b.addr());
+    // C answers B (the node the request came from), which relays to A.
+    for n in 0..20 {
+        assert_eq!(to_b.ask(|reply| Echo::Inc { n, reply }, T).await, Ok(n + 1));
+    }
+    // A handle dropped unanswered on C fails A's ask through the relay, without the timeout.
+    let started = Instant::now();
+    let res = to_b
+        .ask(|reply| Echo::Ignore { reply }, Duration::from_secs(30))
+        .await;
+    assert_eq!(res, Err(AskError::NoReply));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_per_sender_receiver_pair_under_concurrency() {
     const SENDERS: u32 = 4;
