@@ -1,12 +1,22 @@
-//! The write queue shared by the batching backends: queued operations, their reply slots
-//! and the writer's counters.
+//! The write queue shared by the batching backends: queued operations, their reply slots,
+//! the batch planner and the writer's counters.
+//!
+//! A backend's writer takes a batch of queued operations, reads the current position of
+//! every stream (and revision of every durable state) they touch, and hands both to
+//! [`plan`]. The planner applies the same checks as every backend ([`check_write`]) to each
+//! write in order, as if they ran one after another, and returns what each caller gets and
+//! the set of rows to write. The backend then writes those rows with a few set-based
+//! statements in one transaction, and answers the callers once it has committed.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::oneshot;
 
+use crate::codec::Payload;
 use crate::error::StoreError;
-use crate::record::{AppendRequest, SnapshotRecord, StateWrite};
+use crate::record::{AppendRequest, Incarnation, SnapshotRecord, StateWrite};
+use crate::rules::check_write;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
@@ -35,13 +45,260 @@ impl Op {
 
     /// The reply slot of an operation that could not run, holding `error`.
     pub(crate) fn refuse(self, error: StoreError) -> Done {
+        self.complete(Err(error))
+    }
+
+    /// The reply slot of the operation holding `outcome` (a number for appends and state
+    /// writes; ignored on success for the others).
+    pub(crate) fn complete(self, outcome: Result<u64, StoreError>) -> Done {
         match self {
-            Op::Append(_, tx) | Op::Upsert(_, tx) => Done::Number(tx, Err(error)),
+            Op::Append(_, tx) | Op::Upsert(_, tx) => Done::Number(tx, outcome),
             Op::DeleteEvents(_, _, tx)
             | Op::SaveSnapshot(_, tx)
             | Op::DeleteSnapshots(_, _, tx)
-            | Op::DeleteState(_, _, tx) => Done::Unit(tx, Err(error)),
+            | Op::DeleteState(_, _, tx) => Done::Unit(tx, outcome.map(drop)),
         }
+    }
+}
+
+/// A stream's highest sequence number (or a durable state's revision) and the newest writer
+/// incarnation that wrote it, as stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub(crate) seq_nr: u64,
+    pub(crate) writer: Incarnation,
+}
+
+/// An event an accepted append writes.
+#[derive(Debug)]
+pub(crate) struct NewEvent<'a> {
+    pub(crate) persistence_id: &'a str,
+    pub(crate) seq_nr: u64,
+    pub(crate) writer: Incarnation,
+    pub(crate) payload: &'a Payload,
+}
+
+/// A snapshot operation, kept in batch order.
+#[derive(Debug)]
+pub(crate) enum SnapshotStep<'a> {
+    Save(&'a SnapshotRecord),
+    DeleteUpTo(&'a str, u64),
+}
+
+/// The state a durable-state row ends the batch in.
+#[derive(Debug)]
+pub(crate) struct StateChange<'a> {
+    pub(crate) persistence_id: &'a str,
+    /// Whether the row existed when the batch read it.
+    pub(crate) existed: bool,
+    /// The final revision and writer (0 and 0 once deleted).
+    pub(crate) position: Position,
+    /// The final state, or `None` if the batch deleted it.
+    pub(crate) payload: Option<&'a Payload>,
+    /// The batch's accepted operations on this row (indexes into the batch).
+    pub(crate) ops: Vec<usize>,
+}
+
+/// What a batch writes, and what each of its operations answers if the transaction commits.
+#[derive(Debug)]
+pub(crate) struct Plan<'a> {
+    /// Per operation, in batch order.
+    pub(crate) outcomes: Vec<Result<u64, StoreError>>,
+    /// `(persistence_id, to_seq_nr)` event deletions: run before the events are written
+    /// (events of this batch a later deletion covers are left out of [`Plan::events`]).
+    pub(crate) event_deletes: Vec<(&'a str, u64)>,
+    /// Events of accepted appends, in batch order.
+    pub(crate) events: Vec<NewEvent<'a>>,
+    /// The final position of every stream an accepted append wrote, in order of first write.
+    pub(crate) streams: Vec<(&'a str, Position)>,
+    /// Snapshot saves and deletions, in batch order.
+    pub(crate) snapshots: Vec<SnapshotStep<'a>>,
+    /// Durable-state rows the batch changed, in order of first change.
+    pub(crate) states: Vec<StateChange<'a>>,
+}
+
+impl Plan<'_> {
+    /// Replaces every success with `error` (the batch did not commit).
+    pub(crate) fn fail(&mut self, error: &StoreError) {
+        for outcome in &mut self.outcomes {
+            if outcome.is_ok() {
+                *outcome = Err(error.clone());
+            }
+        }
+    }
+}
+
+struct Tracked<'a, T> {
+    index: HashMap<&'a str, usize>,
+    items: Vec<T>,
+}
+
+impl<'a, T> Tracked<'a, T> {
+    fn new() -> Self {
+        Tracked {
+            index: HashMap::new(),
+            items: Vec::new(),
+        }
+    }
+
+    /// The item of `key`, made with `make` the first time.
+    fn get<E>(
+        &mut self,
+        key: &'a str,
+        make: impl FnOnce(&'a str) -> Result<T, E>,
+    ) -> Result<&mut T, E> {
+        let i = match self.index.get(key) {
+            Some(&i) => i,
+            None => {
+                let i = self.items.len();
+                self.items.push(make(key)?);
+                self.index.insert(key, i);
+                i
+            }
+        };
+        Ok(&mut self.items[i])
+    }
+}
+
+/// Plans `batch`: checks every write in order against the stored positions, with each
+/// accepted write moving its stream on for the next one, exactly as if they ran one after
+/// another. `stream` gives a stream's stored position ((0, 0) if it has none); `state` a
+/// durable state's stored revision and writer (`None` if there is none). Each is asked once
+/// per id.
+pub(crate) fn plan<'a, E>(
+    batch: &'a [Op],
+    mut stream: impl FnMut(&str) -> Result<Position, E>,
+    mut state: impl FnMut(&str) -> Result<Option<Position>, E>,
+) -> Result<Plan<'a>, E> {
+    struct Stream {
+        position: Position,
+        written: bool,
+    }
+    let mut streams: Tracked<'a, (&'a str, Stream)> = Tracked::new();
+    let mut states: Tracked<'a, StateChange<'a>> = Tracked::new();
+    let mut plan = Plan {
+        outcomes: Vec::with_capacity(batch.len()),
+        event_deletes: Vec::new(),
+        events: Vec::with_capacity(batch.len()),
+        streams: Vec::new(),
+        snapshots: Vec::new(),
+        states: Vec::new(),
+    };
+    for (i, op) in batch.iter().enumerate() {
+        let outcome = match op {
+            Op::Append(req, _) => {
+                let pid = req.persistence_id.as_str();
+                let (_, s) = streams.get(pid, |pid| {
+                    stream(pid).map(|position| {
+                        (
+                            pid,
+                            Stream {
+                                position,
+                                written: false,
+                            },
+                        )
+                    })
+                })?;
+                check_write(
+                    pid,
+                    s.position.seq_nr,
+                    s.position.writer,
+                    req.expected_seq_nr,
+                    req.writer,
+                )
+                .map(|()| {
+                    for payload in &req.events {
+                        s.position.seq_nr += 1;
+                        plan.events.push(NewEvent {
+                            persistence_id: pid,
+                            seq_nr: s.position.seq_nr,
+                            writer: req.writer,
+                            payload,
+                        });
+                    }
+                    s.position.writer = req.writer;
+                    s.written = true;
+                    s.position.seq_nr
+                })
+            }
+            Op::DeleteEvents(pid, to, _) => {
+                let pid = pid.as_str();
+                if plan.events.iter().any(|e| e.persistence_id == pid) {
+                    plan.events
+                        .retain(|e| e.persistence_id != pid || e.seq_nr > *to);
+                }
+                plan.event_deletes.push((pid, *to));
+                Ok(0)
+            }
+            Op::SaveSnapshot(s, _) => {
+                plan.snapshots.push(SnapshotStep::Save(s));
+                Ok(0)
+            }
+            Op::DeleteSnapshots(pid, to, _) => {
+                plan.snapshots
+                    .push(SnapshotStep::DeleteUpTo(pid.as_str(), *to));
+                Ok(0)
+            }
+            Op::Upsert(w, _) => {
+                let pid = w.persistence_id.as_str();
+                let s = states.get(pid, |pid| state(pid).map(|stored| new_state(pid, stored)))?;
+                check_write(
+                    pid,
+                    s.position.seq_nr,
+                    s.position.writer,
+                    w.expected_revision,
+                    w.writer,
+                )
+                .map(|()| {
+                    s.position = Position {
+                        seq_nr: s.position.seq_nr + 1,
+                        writer: w.writer,
+                    };
+                    s.payload = Some(&w.payload);
+                    s.ops.push(i);
+                    s.position.seq_nr
+                })
+            }
+            Op::DeleteState(pid, expected, _) => {
+                let pid = pid.as_str();
+                let s = states.get(pid, |pid| state(pid).map(|stored| new_state(pid, stored)))?;
+                if s.position.seq_nr == *expected {
+                    s.position = Position::default();
+                    s.payload = None;
+                    s.ops.push(i);
+                    Ok(0)
+                } else {
+                    Err(StoreError::Conflict {
+                        persistence_id: pid.to_string(),
+                        expected: *expected,
+                        actual: s.position.seq_nr,
+                    })
+                }
+            }
+        };
+        plan.outcomes.push(outcome);
+    }
+    plan.streams = streams
+        .items
+        .into_iter()
+        .filter(|(_, s)| s.written)
+        .map(|(pid, s)| (pid, s.position))
+        .collect();
+    plan.states = states
+        .items
+        .into_iter()
+        .filter(|s| !s.ops.is_empty())
+        .collect();
+    Ok(plan)
+}
+
+fn new_state(persistence_id: &str, stored: Option<Position>) -> StateChange<'_> {
+    StateChange {
+        persistence_id,
+        existed: stored.is_some(),
+        position: stored.unwrap_or_default(),
+        payload: None,
+        ops: Vec::new(),
     }
 }
 
@@ -52,19 +309,6 @@ pub(crate) enum Done {
 }
 
 impl Done {
-    pub(crate) fn is_ok(&self) -> bool {
-        matches!(self, Done::Number(_, Ok(_)) | Done::Unit(_, Ok(_)))
-    }
-
-    /// Replaces a success with `error` (the batch did not commit).
-    pub(crate) fn fail_if_ok(&mut self, error: &StoreError) {
-        match self {
-            Done::Number(_, r @ Ok(_)) => *r = Err(error.clone()),
-            Done::Unit(_, r @ Ok(_)) => *r = Err(error.clone()),
-            _ => {}
-        }
-    }
-
     /// Answers the caller (who may have stopped waiting).
     pub(crate) fn send(self) {
         match self {
@@ -103,5 +347,219 @@ impl Counters {
             writes: self.writes.load(Ordering::Relaxed),
             transactions: self.transactions.load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(n: u64) -> Payload {
+        Payload::encode_as("n", 1, &n).unwrap()
+    }
+
+    fn append(pid: &str, expected: u64, writer: u64, events: &[u64]) -> Op {
+        let (tx, _) = oneshot::channel();
+        Op::Append(
+            AppendRequest {
+                persistence_id: pid.into(),
+                expected_seq_nr: expected,
+                writer,
+                events: events.iter().map(|n| payload(*n)).collect(),
+            },
+            tx,
+        )
+    }
+
+    fn upsert(pid: &str, expected: u64, writer: u64) -> Op {
+        let (tx, _) = oneshot::channel();
+        Op::Upsert(
+            StateWrite {
+                persistence_id: pid.into(),
+                expected_revision: expected,
+                writer,
+                payload: payload(expected),
+            },
+            tx,
+        )
+    }
+
+    fn delete_events(pid: &str, to: u64) -> Op {
+        Op::DeleteEvents(pid.into(), to, oneshot::channel().0)
+    }
+
+    fn delete_state(pid: &str, expected: u64) -> Op {
+        Op::DeleteState(pid.into(), expected, oneshot::channel().0)
+    }
+
+    fn stored(pid: &str) -> Result<Position, ()> {
+        Ok(match pid {
+            "at2" => Position {
+                seq_nr: 2,
+                writer: 5,
+            },
+            _ => Position::default(),
+        })
+    }
+
+    fn stored_state(pid: &str) -> Result<Option<Position>, ()> {
+        Ok((pid == "s1").then_some(Position {
+            seq_nr: 1,
+            writer: 5,
+        }))
+    }
+
+    #[test]
+    fn a_batch_checks_each_write_in_order_and_refuses_alone() {
+        let batch = vec![
+            append("at2", 2, 5, &[1, 2]),
+            append("at2", 2, 5, &[9]),
+            append("at2", 4, 4, &[9]),
+            append("at2", 4, 6, &[3]),
+            append("new", 0, 1, &[]),
+            append("new", 0, 1, &[7]),
+            append("gone", 3, 1, &[7]),
+        ];
+        let mut asked = Vec::new();
+        let plan = plan(
+            &batch,
+            |pid| {
+                asked.push(pid.to_string());
+                stored(pid)
+            },
+            stored_state,
+        )
+        .unwrap();
+        assert_eq!(asked, ["at2", "new", "gone"], "each stream read once");
+        assert_eq!(plan.outcomes[0], Ok(4));
+        assert!(matches!(
+            plan.outcomes[1],
+            Err(StoreError::Conflict {
+                expected: 2,
+                actual: 4,
+                ..
+            })
+        ));
+        assert!(matches!(
+            plan.outcomes[2],
+            Err(StoreError::Fenced {
+                writer: 4,
+                current: 5,
+                ..
+            })
+        ));
+        assert_eq!(plan.outcomes[3], Ok(5));
+        assert_eq!(plan.outcomes[4], Ok(0));
+        assert_eq!(plan.outcomes[5], Ok(1));
+        assert!(matches!(
+            plan.outcomes[6],
+            Err(StoreError::Conflict {
+                expected: 3,
+                actual: 0,
+                ..
+            })
+        ));
+        let events: Vec<_> = plan
+            .events
+            .iter()
+            .map(|e| (e.persistence_id, e.seq_nr, e.writer))
+            .collect();
+        assert_eq!(
+            events,
+            [("at2", 3, 5), ("at2", 4, 5), ("at2", 5, 6), ("new", 1, 1)]
+        );
+        assert_eq!(
+            plan.streams,
+            [
+                (
+                    "at2",
+                    Position {
+                        seq_nr: 5,
+                        writer: 6
+                    }
+                ),
+                (
+                    "new",
+                    Position {
+                        seq_nr: 1,
+                        writer: 1
+                    }
+                )
+            ]
+        );
+    }
+
+    #[test]
+    fn a_deletion_covers_only_the_events_queued_before_it() {
+        let batch = vec![
+            append("a", 0, 1, &[1, 2]),
+            delete_events("a", 1),
+            append("a", 2, 1, &[3]),
+        ];
+        let plan = plan(&batch, stored, stored_state).unwrap();
+        let seqs: Vec<_> = plan.events.iter().map(|e| e.seq_nr).collect();
+        assert_eq!(seqs, [2, 3]);
+        assert_eq!(plan.event_deletes, [("a", 1)]);
+        assert_eq!(
+            plan.streams,
+            [(
+                "a",
+                Position {
+                    seq_nr: 3,
+                    writer: 1
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn durable_state_chains_end_in_one_row_change() {
+        let batch = vec![
+            upsert("s1", 1, 5),
+            upsert("s1", 1, 5),
+            delete_state("s1", 2),
+            upsert("s1", 0, 6),
+            upsert("s2", 0, 1),
+            delete_state("s2", 1),
+            delete_state("s3", 0),
+            upsert("s4", 0, 4),
+        ];
+        let plan = plan(&batch, stored, stored_state).unwrap();
+        assert_eq!(plan.outcomes[0], Ok(2));
+        assert!(matches!(
+            plan.outcomes[1],
+            Err(StoreError::Conflict {
+                expected: 1,
+                actual: 2,
+                ..
+            })
+        ));
+        assert_eq!(
+            plan.outcomes[2..],
+            [Ok(0), Ok(1), Ok(1), Ok(0), Ok(0), Ok(1)]
+        );
+        let changes: Vec<_> = plan
+            .states
+            .iter()
+            .map(|s| {
+                (
+                    s.persistence_id,
+                    s.existed,
+                    s.position,
+                    s.payload.is_some(),
+                    s.ops.clone(),
+                )
+            })
+            .collect();
+        let at = |seq_nr, writer| Position { seq_nr, writer };
+        assert_eq!(
+            changes,
+            [
+                ("s1", true, at(1, 6), true, vec![0, 2, 3]),
+                ("s2", false, at(0, 0), false, vec![4, 5]),
+                ("s3", false, at(0, 0), false, vec![6]),
+                ("s4", false, at(1, 4), true, vec![7]),
+            ]
+        );
     }
 }

@@ -9,7 +9,7 @@ mod suite;
 
 use std::sync::Arc;
 
-use shardik_persistence::{InMemoryStore, PostgresOptions, PostgresStore, SqliteStore};
+use shardik_persistence::{InMemoryStore, Journal, PostgresOptions, PostgresStore, SqliteStore};
 
 /// Keeps a backend's resources (a temporary directory) alive for one test.
 type Guard = Box<dyn std::any::Any + Send>;
@@ -124,4 +124,43 @@ async fn postgres_two_nodes_one_schema_race_on_one_stream() {
     let first = pg_store(&url, schema.clone()).await;
     let second = pg_store(&url, schema).await;
     suite::two_stores_one_stream(first, second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_two_stores_one_file_race_on_one_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state-race.db");
+    let a = Arc::new(SqliteStore::open(&path).unwrap());
+    let b = Arc::new(SqliteStore::open(&path).unwrap());
+    suite::two_stores_one_state(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_nodes_one_schema_race_on_one_state() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let first = pg_store(&url, schema.clone()).await;
+    let second = pg_store(&url, schema).await;
+    suite::two_stores_one_state(first, second).await;
+}
+
+/// PostgreSQL text cannot hold NUL: such a write is refused alone, the others queued with it
+/// are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refuses_an_unstorable_write_alone() {
+    let Some((store, _guard)) = postgres().await else {
+        return;
+    };
+    let (bad, good) = tokio::join!(
+        store.append(suite::append("nul\0id", 0, 1, &[1])),
+        store.append(suite::append("fine", 0, 1, &[2]))
+    );
+    assert!(
+        matches!(bad, Err(shardik_persistence::StoreError::Backend(_))),
+        "{bad:?}"
+    );
+    assert_eq!(good, Ok(1));
+    assert_eq!(suite::amounts(&*store, "fine", 1).await, [(1, 2)]);
 }

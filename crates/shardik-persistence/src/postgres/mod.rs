@@ -1,9 +1,10 @@
 //! [`PostgresStore`]: journal, snapshots and durable state in PostgreSQL, for nodes on
 //! several machines.
 //!
-//! Writes go through one writer task that groups whatever is queued into one transaction;
-//! reads use a small connection pool. Stream positions are checked under a row lock
-//! (`SELECT … FOR UPDATE`), so writers on different nodes are serialized per stream.
+//! Writes go through writer tasks (lanes; all writes of one persistence id go through the
+//! same one) that each group whatever is queued into one transaction of a few set-based
+//! statements; reads use a small connection pool. Stream positions are checked under row
+//! locks (`SELECT … FOR UPDATE`), so writers on different nodes are serialized per stream.
 
 mod sql;
 mod writer;
@@ -28,10 +29,14 @@ pub struct PostgresOptions {
     /// The schema holding the tables, created if missing (default `"shardik"`): a plain
     /// lower-case identifier.
     pub schema: String,
-    /// Connections in the pool (default 8; the writer uses one per batch).
+    /// Connections in the pool (default 8; each writer lane uses one per batch).
     pub pool_size: usize,
     /// Most writes grouped into one transaction (default 1024).
     pub max_batch: usize,
+    /// Writer lanes (default 2): each writes its own batches on its own connection, so
+    /// PostgreSQL works on several batches at once. A persistence id always goes through
+    /// the same lane, so its writes keep their order.
+    pub writers: usize,
 }
 
 impl Default for PostgresOptions {
@@ -40,6 +45,7 @@ impl Default for PostgresOptions {
             schema: "shardik".into(),
             pool_size: 8,
             max_batch: 1024,
+            writers: 2,
         }
     }
 }
@@ -48,7 +54,7 @@ impl Default for PostgresOptions {
 pub struct PostgresStore {
     pool: Pool,
     sql: Arc<Sql>,
-    writes: mpsc::UnboundedSender<Op>,
+    lanes: Vec<mpsc::UnboundedSender<Op>>,
     stats: Arc<Counters>,
 }
 
@@ -111,19 +117,24 @@ impl PostgresStore {
             .batch_execute(&sql.ddl)
             .await
             .map_err(backend)?;
-        let (writes, ops) = mpsc::unbounded_channel();
         let stats = Arc::new(Counters::default());
-        tokio::spawn(writer::run(
-            pool.clone(),
-            sql.clone(),
-            ops,
-            options.max_batch.max(1),
-            stats.clone(),
-        ));
+        let lanes = (0..options.writers.max(1))
+            .map(|_| {
+                let (lane, ops) = mpsc::unbounded_channel();
+                tokio::spawn(writer::run(
+                    pool.clone(),
+                    sql.clone(),
+                    ops,
+                    options.max_batch.max(1),
+                    stats.clone(),
+                ));
+                lane
+            })
+            .collect();
         Ok(PostgresStore {
             pool,
             sql,
-            writes,
+            lanes,
             stats,
         })
     }
@@ -135,7 +146,15 @@ impl PostgresStore {
 
     async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.writes.send(make(tx)).map_err(|_| StoreError::Closed)?;
+        let op = make(tx);
+        let lane = if self.lanes.len() == 1 {
+            0
+        } else {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            std::hash::Hash::hash(op.persistence_id(), &mut hasher);
+            (std::hash::Hasher::finish(&hasher) % self.lanes.len() as u64) as usize
+        };
+        self.lanes[lane].send(op).map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
 

@@ -17,7 +17,7 @@ pub(super) struct Sql {
     pub(super) state_lock: String,
     pub(super) state_update: String,
     pub(super) state_delete: String,
-    pub(super) state_revision: String,
+    pub(super) state_read: String,
     pub(super) state_get: String,
 }
 
@@ -35,6 +35,8 @@ pub(super) fn valid_identifier(name: &str) -> bool {
 impl Sql {
     pub(super) fn new(s: &str) -> Sql {
         Sql {
+            // Every batch rewrites the position rows of the streams it appends to: half-empty
+            // pages let PostgreSQL update them in place (HOT updates, no index insert).
             ddl: format!(
                 "CREATE SCHEMA IF NOT EXISTS {s};
                  CREATE TABLE IF NOT EXISTS {s}.journal (
@@ -49,7 +51,7 @@ impl Sql {
                  CREATE TABLE IF NOT EXISTS {s}.journal_meta (
                      persistence_id TEXT PRIMARY KEY,
                      highest_seq_nr BIGINT NOT NULL,
-                     writer BIGINT NOT NULL);
+                     writer BIGINT NOT NULL) WITH (fillfactor = 50);
                  CREATE TABLE IF NOT EXISTS {s}.snapshots (
                      persistence_id TEXT NOT NULL,
                      seq_nr BIGINT NOT NULL,
@@ -67,23 +69,30 @@ impl Sql {
                      payload BYTEA NOT NULL,
                      written_at TIMESTAMPTZ NOT NULL DEFAULT now());"
             ),
+            // The batch statements take arrays, one element per stream, state or event, so
+            // a batch costs the same few statements however many writes it holds. Rows are
+            // locked in persistence-id order (byte order, as the writer sorts its batch), so
+            // two nodes' batches cannot deadlock over streams they share.
             meta_ensure: format!(
                 "INSERT INTO {s}.journal_meta (persistence_id, highest_seq_nr, writer)
-                 VALUES ($1, 0, 0) ON CONFLICT (persistence_id) DO NOTHING"
+                 SELECT u.persistence_id, 0, 0 FROM UNNEST($1::TEXT[]) AS u(persistence_id)
+                 ON CONFLICT (persistence_id) DO NOTHING"
             ),
             meta_lock: format!(
-                "SELECT highest_seq_nr, writer FROM {s}.journal_meta
-                 WHERE persistence_id = $1 FOR UPDATE"
+                "SELECT persistence_id, highest_seq_nr, writer FROM {s}.journal_meta
+                 WHERE persistence_id = ANY($1::TEXT[])
+                 ORDER BY persistence_id COLLATE \"C\" FOR UPDATE"
             ),
             meta_update: format!(
-                "UPDATE {s}.journal_meta SET highest_seq_nr = $2, writer = $3
-                 WHERE persistence_id = $1"
+                "UPDATE {s}.journal_meta AS m SET highest_seq_nr = u.highest_seq_nr, writer = u.writer
+                 FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[])
+                 AS u(persistence_id, highest_seq_nr, writer)
+                 WHERE m.persistence_id = u.persistence_id"
             ),
             insert_events: format!(
                 "INSERT INTO {s}.journal (persistence_id, seq_nr, writer, type_name, version, payload)
-                 SELECT $1, u.seq_nr, $2, u.type_name, u.version, u.payload
-                 FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BYTEA[])
-                 AS u(seq_nr, type_name, version, payload)"
+                 SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
+                 $5::BIGINT[], $6::BYTEA[])"
             ),
             delete_events: format!(
                 "DELETE FROM {s}.journal WHERE persistence_id = $1 AND seq_nr <= $2"
@@ -111,21 +120,29 @@ impl Sql {
             state_insert: format!(
                 "INSERT INTO {s}.durable_state
                  (persistence_id, revision, writer, type_name, version, payload)
-                 VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (persistence_id) DO NOTHING"
+                 SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
+                 $5::BIGINT[], $6::BYTEA[])
+                 ON CONFLICT (persistence_id) DO NOTHING RETURNING persistence_id"
             ),
             state_lock: format!(
-                "SELECT revision, writer FROM {s}.durable_state
-                 WHERE persistence_id = $1 FOR UPDATE"
+                "SELECT persistence_id, revision, writer FROM {s}.durable_state
+                 WHERE persistence_id = ANY($1::TEXT[])
+                 ORDER BY persistence_id COLLATE \"C\" FOR UPDATE"
             ),
             state_update: format!(
-                "UPDATE {s}.durable_state SET revision = $2, writer = $3, type_name = $4,
-                 version = $5, payload = $6, written_at = now() WHERE persistence_id = $1"
+                "UPDATE {s}.durable_state AS d SET revision = u.revision, writer = u.writer,
+                 type_name = u.type_name, version = u.version, payload = u.payload,
+                 written_at = now()
+                 FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
+                 $6::BYTEA[]) AS u(persistence_id, revision, writer, type_name, version, payload)
+                 WHERE d.persistence_id = u.persistence_id"
             ),
             state_delete: format!(
-                "DELETE FROM {s}.durable_state WHERE persistence_id = $1 AND revision = $2"
+                "DELETE FROM {s}.durable_state WHERE persistence_id = ANY($1::TEXT[])"
             ),
-            state_revision: format!(
-                "SELECT revision FROM {s}.durable_state WHERE persistence_id = $1"
+            state_read: format!(
+                "SELECT persistence_id, revision, writer FROM {s}.durable_state
+                 WHERE persistence_id = ANY($1::TEXT[])"
             ),
             state_get: format!(
                 "SELECT revision, type_name, version, payload FROM {s}.durable_state

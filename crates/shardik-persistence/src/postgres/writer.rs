@@ -1,14 +1,36 @@
-//! The PostgreSQL writer task: whatever is queued is written in one transaction (each write
-//! in its own savepoint), committed once, then every caller is answered.
+//! The PostgreSQL writer task: whatever is queued is written in one transaction, committed
+//! once, then every caller is answered.
+//!
+//! A batch costs two round trips however many writes it holds, because its statements are
+//! set-based (one statement for all streams, states or events of the batch, with array
+//! parameters) and pipelined (sent together on one connection, answers read afterwards):
+//!
+//! 1. `BEGIN`; create the position rows of streams that may be new; lock and read the
+//!    positions (and newest writers) of every stream and durable state the batch writes,
+//!    in persistence-id order (`… = ANY($1) ORDER BY persistence_id FOR UPDATE`).
+//! 2. In Rust, check every write in batch order with the rules every backend uses
+//!    ([`crate::batch::plan`]); refused writes get their own error and write nothing.
+//! 3. Event deletions; all accepted events (one `INSERT … SELECT FROM UNNEST`); all new
+//!    stream positions (one `UPDATE … FROM UNNEST`); snapshot operations; durable-state
+//!    rows; `COMMIT`.
+//!
+//! Any unexpected database error fails the whole batch: every write in it gets the error
+//! (none is acknowledged) and the connection is dropped rather than returned to the pool.
 
-use deadpool_postgres::{Pool, Transaction};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use deadpool_postgres::{Object, Pool};
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_postgres::{Client, Row, Statement};
 
 use super::sql::Sql;
 use super::{backend, to_i64, to_u64};
-use crate::batch::{Counters, Done, Op};
+use crate::batch::{plan, Counters, Done, Op, Plan, Position, SnapshotStep, StateChange};
 use crate::error::StoreError;
-use crate::record::{AppendRequest, SnapshotRecord, StateWrite};
 use crate::rules::check_write;
 
 /// Runs until every sender is gone.
@@ -28,8 +50,8 @@ pub(super) async fn run(
                 Err(_) => break,
             }
         }
-        // Row locks are taken in persistence-id order, so two nodes' batches cannot
-        // deadlock; the sort is stable, so one id's writes keep their order.
+        // Rows are locked in persistence-id order, so two nodes' batches cannot deadlock;
+        // the sort is stable, so one id's writes keep their order.
         batch.sort_by(|a, b| a.persistence_id().cmp(b.persistence_id()));
         let results = write_batch(&pool, &sql, std::mem::take(&mut batch)).await;
         counters.batch(results.len(), "postgres");
@@ -40,214 +62,512 @@ pub(super) async fn run(
 }
 
 async fn write_batch(pool: &Pool, sql: &Sql, batch: Vec<Op>) -> Vec<Done> {
-    let mut client = match pool.get().await {
+    // PostgreSQL text cannot hold NUL: refuse such a write alone instead of failing the
+    // statement that carries the whole batch.
+    let (batch, unstorable): (Vec<Op>, Vec<Op>) = batch.into_iter().partition(storable);
+    let mut results: Vec<Done> = unstorable
+        .into_iter()
+        .map(|op| {
+            op.refuse(StoreError::Backend(
+                "postgres: text (persistence id or type name) must not contain NUL".into(),
+            ))
+        })
+        .collect();
+    if batch.is_empty() {
+        return results;
+    }
+    let client = match pool.get().await {
         Ok(c) => c,
         Err(e) => {
             let e = StoreError::Backend(format!("postgres pool: {e}"));
-            return batch.into_iter().map(|op| op.refuse(e.clone())).collect();
+            results.extend(batch.into_iter().map(|op| op.refuse(e.clone())));
+            return results;
         }
     };
-    let mut tx = match client.transaction().await {
-        Ok(tx) => tx,
-        Err(e) => {
-            let e = backend(e);
-            return batch.into_iter().map(|op| op.refuse(e.clone())).collect();
+    let outcomes = match write(&client, sql, &batch).await {
+        Ok(outcomes) => outcomes,
+        Err(Failed { error, plan }) => {
+            let error = backend(error);
+            tracing::error!(error = %error, "PostgreSQL batch failed; every write in it is refused");
+            // The transaction may still be open: never hand this connection out again.
+            drop(Object::take(client));
+            match plan {
+                Some(mut outcomes) => {
+                    for outcome in &mut outcomes {
+                        if outcome.is_ok() {
+                            *outcome = Err(error.clone());
+                        }
+                    }
+                    outcomes
+                }
+                None => vec![Err(error); batch.len()],
+            }
         }
     };
-    let mut results = Vec::with_capacity(batch.len());
-    for op in batch {
-        let sp = match tx.savepoint("op").await {
-            Ok(sp) => sp,
-            Err(e) => {
-                results.push(op.refuse(backend(e)));
-                continue;
-            }
-        };
-        let mut done = apply(&sp, sql, op).await;
-        if done.is_ok() {
-            if let Err(e) = sp.commit().await {
-                done.fail_if_ok(&backend(e));
-            }
-        } else if let Err(e) = sp.rollback().await {
-            tracing::error!(error = %e, "PostgreSQL savepoint rollback failed");
+    results.extend(
+        batch
+            .into_iter()
+            .zip(outcomes)
+            .map(|(op, outcome)| op.complete(outcome)),
+    );
+    results
+}
+
+fn storable(op: &Op) -> bool {
+    let ok = |s: &str| !s.contains('\0');
+    ok(op.persistence_id())
+        && match op {
+            Op::Append(r, _) => r.events.iter().all(|p| ok(&p.type_name)),
+            Op::SaveSnapshot(s, _) => ok(&s.payload.type_name),
+            Op::Upsert(w, _) => ok(&w.payload.type_name),
+            Op::DeleteEvents(..) | Op::DeleteSnapshots(..) | Op::DeleteState(..) => true,
         }
-        results.push(done);
+}
+
+/// A batch that failed on a database error, with the checked outcomes if it got that far.
+struct Failed {
+    error: tokio_postgres::Error,
+    plan: Option<Vec<Result<u64, StoreError>>>,
+}
+
+impl From<tokio_postgres::Error> for Failed {
+    fn from(error: tokio_postgres::Error) -> Self {
+        Failed { error, plan: None }
     }
-    if let Err(e) = tx.commit().await {
-        let e = backend(e);
-        tracing::error!(error = %e, "PostgreSQL batch commit failed; every write in it is refused");
-        for done in &mut results {
-            done.fail_if_ok(&e);
+}
+
+type Rows = Vec<Row>;
+type Request<'a> = Pin<Box<dyn Future<Output = Result<Rows, tokio_postgres::Error>> + Send + 'a>>;
+
+/// Sends every request before awaiting any answer: tokio-postgres sends a request when its
+/// future is first polled, and the server answers in order.
+async fn pipeline(mut requests: Vec<Request<'_>>) -> Vec<Result<Rows, tokio_postgres::Error>> {
+    let mut early: Vec<Option<Result<Rows, tokio_postgres::Error>>> =
+        Vec::with_capacity(requests.len());
+    std::future::poll_fn(|cx| {
+        for request in &mut requests {
+            early.push(match request.as_mut().poll(cx) {
+                Poll::Ready(result) => Some(result),
+                Poll::Pending => None,
+            });
         }
+        Poll::Ready(())
+    })
+    .await;
+    let mut results = Vec::with_capacity(requests.len());
+    for (request, early) in requests.into_iter().zip(early) {
+        results.push(match early {
+            Some(result) => result,
+            None => request.await,
+        });
     }
     results
 }
 
-async fn apply(tx: &Transaction<'_>, sql: &Sql, op: Op) -> Done {
-    match op {
-        Op::Append(req, reply) => Done::Number(reply, append(tx, sql, req).await),
-        Op::Upsert(write, reply) => Done::Number(reply, upsert(tx, sql, write).await),
-        Op::DeleteEvents(pid, to, reply) => {
-            let r = tx.execute(&sql.delete_events, &[&pid, &to_i64(to)]).await;
-            Done::Unit(reply, r.map(drop).map_err(backend))
-        }
-        Op::DeleteSnapshots(pid, to, reply) => {
-            let r = tx
-                .execute(&sql.delete_snapshots, &[&pid, &to_i64(to)])
-                .await;
-            Done::Unit(reply, r.map(drop).map_err(backend))
-        }
-        Op::SaveSnapshot(s, reply) => Done::Unit(reply, save_snapshot(tx, sql, s).await),
-        Op::DeleteState(pid, expected, reply) => {
-            Done::Unit(reply, delete_state(tx, sql, &pid, expected).await)
-        }
-    }
+fn simple<'a>(client: &'a Client, command: &'static str) -> Request<'a> {
+    Box::pin(async move { client.batch_execute(command).await.map(|()| Vec::new()) })
 }
 
-async fn append(tx: &Transaction<'_>, sql: &Sql, req: AppendRequest) -> Result<u64, StoreError> {
-    let pid = &req.persistence_id;
-    let ensure = tx.prepare_cached(&sql.meta_ensure).await.map_err(backend)?;
-    tx.execute(&ensure, &[pid]).await.map_err(backend)?;
-    let lock = tx.prepare_cached(&sql.meta_lock).await.map_err(backend)?;
-    let row = tx.query_one(&lock, &[pid]).await.map_err(backend)?;
-    let (highest, writer) = (to_u64(row.get(0)), to_u64(row.get(1)));
-    check_write(pid, highest, writer, req.expected_seq_nr, req.writer)?;
-    let n = req.events.len() as u64;
-    if n > 0 {
-        let seqs: Vec<i64> = (highest + 1..=highest + n).map(to_i64).collect();
-        let types: Vec<&str> = req.events.iter().map(|p| p.type_name.as_str()).collect();
-        let versions: Vec<i64> = req.events.iter().map(|p| i64::from(p.version)).collect();
-        let payloads: Vec<&[u8]> = req.events.iter().map(|p| p.bytes.as_slice()).collect();
-        let insert = tx
-            .prepare_cached(&sql.insert_events)
-            .await
-            .map_err(backend)?;
-        tx.execute(
-            &insert,
-            &[
-                pid,
-                &to_i64(req.writer),
-                &seqs,
-                &types,
-                &versions,
-                &payloads,
-            ],
-        )
-        .await
-        .map_err(backend)?;
-    }
-    let update = tx.prepare_cached(&sql.meta_update).await.map_err(backend)?;
-    tx.execute(&update, &[pid, &to_i64(highest + n), &to_i64(req.writer)])
-        .await
-        .map_err(backend)?;
-    Ok(highest + n)
+/// Ids in a batch sorted by id, once each.
+fn distinct<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut ids: Vec<&str> = ids.collect();
+    ids.dedup();
+    ids
 }
 
-async fn save_snapshot(
-    tx: &Transaction<'_>,
-    sql: &Sql,
-    s: SnapshotRecord,
-) -> Result<(), StoreError> {
-    let stmt = tx
-        .prepare_cached(&sql.save_snapshot)
-        .await
-        .map_err(backend)?;
-    tx.execute(
-        &stmt,
-        &[
-            &s.persistence_id,
-            &to_i64(s.seq_nr),
-            &s.payload.type_name,
-            &i64::from(s.payload.version),
-            &s.payload.bytes,
-        ],
-    )
-    .await
-    .map(drop)
-    .map_err(backend)
-}
-
-async fn upsert(tx: &Transaction<'_>, sql: &Sql, w: StateWrite) -> Result<u64, StoreError> {
-    let pid = &w.persistence_id;
-    let version = i64::from(w.payload.version);
-    if w.expected_revision == 0 {
-        let insert = tx
-            .prepare_cached(&sql.state_insert)
-            .await
-            .map_err(backend)?;
-        let inserted = tx
-            .execute(
-                &insert,
-                &[
-                    pid,
-                    &to_i64(w.writer),
-                    &w.payload.type_name,
-                    &version,
-                    &w.payload.bytes,
-                ],
+/// The positions `rows` (`persistence_id, number, writer`) hold, by id.
+fn positions(rows: &[Row]) -> HashMap<&str, Position> {
+    rows.iter()
+        .map(|r| {
+            (
+                r.get::<_, &str>(0),
+                Position {
+                    seq_nr: to_u64(r.get(1)),
+                    writer: to_u64(r.get(2)),
+                },
             )
-            .await
-            .map_err(backend)?;
-        if inserted == 1 {
-            return Ok(1);
-        }
-    }
-    let lock = tx.prepare_cached(&sql.state_lock).await.map_err(backend)?;
-    let (revision, writer) = match tx.query_opt(&lock, &[pid]).await.map_err(backend)? {
-        Some(row) => (to_u64(row.get(0)), to_u64(row.get(1))),
-        None => (0, 0),
-    };
-    check_write(pid, revision, writer, w.expected_revision, w.writer)?;
-    let update = tx
-        .prepare_cached(&sql.state_update)
-        .await
-        .map_err(backend)?;
-    tx.execute(
-        &update,
-        &[
-            pid,
-            &to_i64(revision + 1),
-            &to_i64(w.writer),
-            &w.payload.type_name,
-            &version,
-            &w.payload.bytes,
-        ],
-    )
-    .await
-    .map_err(backend)?;
-    Ok(revision + 1)
+        })
+        .collect()
 }
 
-async fn delete_state(
-    tx: &Transaction<'_>,
+/// Writes `batch` (sorted by persistence id) in one transaction; returns each operation's
+/// outcome once committed.
+async fn write(
+    client: &deadpool_postgres::ClientWrapper,
     sql: &Sql,
-    pid: &str,
-    expected: u64,
-) -> Result<(), StoreError> {
-    let delete = tx
-        .prepare_cached(&sql.state_delete)
-        .await
-        .map_err(backend)?;
-    if tx
-        .execute(&delete, &[&pid, &to_i64(expected)])
-        .await
-        .map_err(backend)?
-        == 1
-    {
-        return Ok(());
+    batch: &[Op],
+) -> Result<Vec<Result<u64, StoreError>>, Failed> {
+    let appended = distinct(batch.iter().filter_map(|op| match op {
+        Op::Append(r, _) => Some(r.persistence_id.as_str()),
+        _ => None,
+    }));
+    // Only a stream some append expects empty can be new: the others are refused anyway
+    // if they have no position row.
+    let maybe_new = distinct(batch.iter().filter_map(|op| match op {
+        Op::Append(r, _) if r.expected_seq_nr == 0 => Some(r.persistence_id.as_str()),
+        _ => None,
+    }));
+    let stated = distinct(batch.iter().filter_map(|op| match op {
+        Op::Upsert(w, _) => Some(w.persistence_id.as_str()),
+        Op::DeleteState(pid, _, _) => Some(pid.as_str()),
+        _ => None,
+    }));
+
+    // Round trip 1: begin, create possibly new streams' rows, lock and read positions.
+    let ensure = prepare_if(client, &sql.meta_ensure, !maybe_new.is_empty()).await?;
+    let lock_streams = prepare_if(client, &sql.meta_lock, !appended.is_empty()).await?;
+    let lock_states = prepare_if(client, &sql.state_lock, !stated.is_empty()).await?;
+    let mut pending = vec![simple(client, "BEGIN")];
+    let (mut stream_rows, mut state_rows) = (Vec::new(), Vec::new());
+    if lock_streams.is_some() || lock_states.is_some() {
+        if let Some(stmt) = &ensure {
+            pending.push(query(client, stmt, vec![Box::new(&maybe_new)]));
+        }
+        if let Some(stmt) = &lock_streams {
+            pending.push(query(client, stmt, vec![Box::new(&appended)]));
+        }
+        if let Some(stmt) = &lock_states {
+            pending.push(query(client, stmt, vec![Box::new(&stated)]));
+        }
+        let mut answers = pipeline(std::mem::take(&mut pending)).await.into_iter();
+        for answer in answers.by_ref().take(1 + usize::from(ensure.is_some())) {
+            answer?;
+        }
+        if lock_streams.is_some() {
+            stream_rows = answers.next().expect("an answer per request")?;
+        }
+        if lock_states.is_some() {
+            state_rows = answers.next().expect("an answer per request")?;
+        }
     }
-    let read = tx
-        .prepare_cached(&sql.state_revision)
-        .await
-        .map_err(backend)?;
-    let actual = tx
-        .query_opt(&read, &[&pid])
-        .await
-        .map_err(backend)?
-        .map_or(0, |r| to_u64(r.get(0)));
-    Err(StoreError::Conflict {
-        persistence_id: pid.to_string(),
-        expected,
-        actual,
+
+    // Check every write in Rust.
+    let (streams, states) = (positions(&stream_rows), positions(&state_rows));
+    let mut plan = match plan::<Infallible>(
+        batch,
+        |pid| Ok(streams.get(pid).copied().unwrap_or_default()),
+        |pid| Ok(states.get(pid).copied()),
+    ) {
+        Ok(plan) => plan,
+        Err(never) => match never {},
+    };
+
+    // Round trip 2: write the accepted rows and commit.
+    match write_plan(client, sql, &plan, pending).await {
+        Ok(lost) => {
+            let mut outcomes = std::mem::take(&mut plan.outcomes);
+            if !lost.is_empty() {
+                refuse_lost_inserts(client, sql, batch, &plan.states, &lost, &mut outcomes).await;
+            }
+            Ok(outcomes)
+        }
+        Err(error) => Err(Failed {
+            error,
+            plan: Some(plan.outcomes),
+        }),
+    }
+}
+
+/// A boxed statement parameter.
+type Param<'a> = Box<dyn tokio_postgres::types::ToSql + Sync + Send + 'a>;
+
+fn query<'a>(client: &'a Client, stmt: &'a Statement, params: Vec<Param<'a>>) -> Request<'a> {
+    Box::pin(async move {
+        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+            .iter()
+            .map(|p| &**p as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect();
+        client.query(stmt, &refs).await
     })
+}
+
+/// Sends `pending` (a `BEGIN` not sent yet, if any) and the statements of `plan`, then
+/// `COMMIT`; returns the durable states whose first row another transaction inserted first.
+async fn write_plan<'p, 'a: 'p>(
+    client: &'p deadpool_postgres::ClientWrapper,
+    sql: &Sql,
+    plan: &'p Plan<'a>,
+    pending: Vec<Request<'p>>,
+) -> Result<Vec<&'a str>, tokio_postgres::Error> {
+    let delete_events = prepare_if(client, &sql.delete_events, !plan.event_deletes.is_empty());
+    let insert_events = prepare_if(client, &sql.insert_events, !plan.events.is_empty());
+    let meta_update = prepare_if(client, &sql.meta_update, !plan.streams.is_empty());
+    let has_save = plan
+        .snapshots
+        .iter()
+        .any(|s| matches!(s, SnapshotStep::Save(_)));
+    let has_delete = plan
+        .snapshots
+        .iter()
+        .any(|s| matches!(s, SnapshotStep::DeleteUpTo(..)));
+    let save_snapshot = prepare_if(client, &sql.save_snapshot, has_save);
+    let delete_snapshots = prepare_if(client, &sql.delete_snapshots, has_delete);
+    let updated: Vec<&StateChange<'a>> = plan
+        .states
+        .iter()
+        .filter(|s| s.existed && s.payload.is_some())
+        .collect();
+    let inserted: Vec<&StateChange<'a>> = plan
+        .states
+        .iter()
+        .filter(|s| !s.existed && s.payload.is_some())
+        .collect();
+    let deleted: Vec<&'a str> = plan
+        .states
+        .iter()
+        .filter(|s| s.existed && s.payload.is_none())
+        .map(|s| s.persistence_id)
+        .collect();
+    let state_update = prepare_if(client, &sql.state_update, !updated.is_empty());
+    let state_insert = prepare_if(client, &sql.state_insert, !inserted.is_empty());
+    let state_delete = prepare_if(client, &sql.state_delete, !deleted.is_empty());
+    let (
+        delete_events,
+        insert_events,
+        meta_update,
+        save_snapshot,
+        delete_snapshots,
+        state_update,
+        state_insert,
+        state_delete,
+    ) = (
+        delete_events.await?,
+        insert_events.await?,
+        meta_update.await?,
+        save_snapshot.await?,
+        delete_snapshots.await?,
+        state_update.await?,
+        state_insert.await?,
+        state_delete.await?,
+    );
+    // The statements below borrow the locals above.
+    let mut pending: Vec<Request<'_>> = pending;
+
+    if let Some(stmt) = &delete_events {
+        for (pid, to) in &plan.event_deletes {
+            pending.push(query(
+                client,
+                stmt,
+                vec![Box::new(*pid), Box::new(to_i64(*to))],
+            ));
+        }
+    }
+    if let Some(stmt) = &insert_events {
+        let events = &plan.events;
+        pending.push(query(
+            client,
+            stmt,
+            vec![
+                Box::new(events.iter().map(|e| e.persistence_id).collect::<Vec<_>>()),
+                Box::new(events.iter().map(|e| to_i64(e.seq_nr)).collect::<Vec<_>>()),
+                Box::new(events.iter().map(|e| to_i64(e.writer)).collect::<Vec<_>>()),
+                Box::new(
+                    events
+                        .iter()
+                        .map(|e| e.payload.type_name.as_str())
+                        .collect::<Vec<_>>(),
+                ),
+                Box::new(
+                    events
+                        .iter()
+                        .map(|e| i64::from(e.payload.version))
+                        .collect::<Vec<_>>(),
+                ),
+                Box::new(
+                    events
+                        .iter()
+                        .map(|e| e.payload.bytes.as_slice())
+                        .collect::<Vec<_>>(),
+                ),
+            ],
+        ));
+    }
+    if let Some(stmt) = &meta_update {
+        let streams = &plan.streams;
+        pending.push(query(
+            client,
+            stmt,
+            vec![
+                Box::new(streams.iter().map(|(pid, _)| *pid).collect::<Vec<_>>()),
+                Box::new(
+                    streams
+                        .iter()
+                        .map(|(_, p)| to_i64(p.seq_nr))
+                        .collect::<Vec<_>>(),
+                ),
+                Box::new(
+                    streams
+                        .iter()
+                        .map(|(_, p)| to_i64(p.writer))
+                        .collect::<Vec<_>>(),
+                ),
+            ],
+        ));
+    }
+    for step in &plan.snapshots {
+        pending.push(match step {
+            SnapshotStep::Save(s) => query(
+                client,
+                save_snapshot.as_ref().expect("prepared"),
+                vec![
+                    Box::new(s.persistence_id.as_str()),
+                    Box::new(to_i64(s.seq_nr)),
+                    Box::new(s.payload.type_name.as_str()),
+                    Box::new(i64::from(s.payload.version)),
+                    Box::new(s.payload.bytes.as_slice()),
+                ],
+            ),
+            SnapshotStep::DeleteUpTo(pid, to) => query(
+                client,
+                delete_snapshots.as_ref().expect("prepared"),
+                vec![Box::new(*pid), Box::new(to_i64(*to))],
+            ),
+        });
+    }
+    if let Some(stmt) = &state_update {
+        pending.push(query(client, stmt, state_params(&updated)));
+    }
+    let insert_at = pending.len();
+    if let Some(stmt) = &state_insert {
+        pending.push(query(client, stmt, state_params(&inserted)));
+    }
+    if let Some(stmt) = &state_delete {
+        pending.push(query(client, stmt, vec![Box::new(deleted)]));
+    }
+    pending.push(simple(client, "COMMIT"));
+    let mut answers = pipeline(pending).await;
+    // After a failed statement the server refuses the rest and `COMMIT` rolls back: report
+    // the first error.
+    if let Some(i) = answers.iter().position(Result::is_err) {
+        return Err(answers.swap_remove(i).expect_err("an error"));
+    }
+    let mut lost = Vec::new();
+    if state_insert.is_some() {
+        let rows = answers.swap_remove(insert_at).expect("checked");
+        let done: std::collections::HashSet<&str> = rows.iter().map(|r| r.get(0)).collect();
+        lost = inserted
+            .iter()
+            .map(|s| s.persistence_id)
+            .filter(|pid| !done.contains(pid))
+            .collect();
+    }
+    Ok(lost)
+}
+
+async fn prepare_if(
+    client: &deadpool_postgres::ClientWrapper,
+    sql: &str,
+    needed: bool,
+) -> Result<Option<Statement>, tokio_postgres::Error> {
+    if needed {
+        client.prepare_cached(sql).await.map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The array parameters of durable-state rows: id, revision, writer, type, version, payload.
+fn state_params<'a>(states: &[&StateChange<'a>]) -> Vec<Param<'a>> {
+    let payload = |s: &StateChange<'a>| s.payload.expect("a state row to write");
+    vec![
+        Box::new(states.iter().map(|s| s.persistence_id).collect::<Vec<_>>()),
+        Box::new(
+            states
+                .iter()
+                .map(|s| to_i64(s.position.seq_nr))
+                .collect::<Vec<_>>(),
+        ),
+        Box::new(
+            states
+                .iter()
+                .map(|s| to_i64(s.position.writer))
+                .collect::<Vec<_>>(),
+        ),
+        Box::new(
+            states
+                .iter()
+                .map(|s| payload(s).type_name.as_str())
+                .collect::<Vec<_>>(),
+        ),
+        Box::new(
+            states
+                .iter()
+                .map(|s| i64::from(payload(s).version))
+                .collect::<Vec<_>>(),
+        ),
+        Box::new(
+            states
+                .iter()
+                .map(|s| payload(s).bytes.as_slice())
+                .collect::<Vec<_>>(),
+        ),
+    ]
+}
+
+/// Refuses the writes to durable states whose first row another transaction inserted
+/// between this batch's read and its insert (the insert did nothing), with the error the
+/// stored row gives them.
+async fn refuse_lost_inserts(
+    client: &deadpool_postgres::ClientWrapper,
+    sql: &Sql,
+    batch: &[Op],
+    states: &[StateChange<'_>],
+    lost: &[&str],
+    outcomes: &mut [Result<u64, StoreError>],
+) {
+    let stored: HashMap<String, Position> = match client.prepare_cached(&sql.state_read).await {
+        Ok(stmt) => client
+            .query(&stmt, &[&lost])
+            .await
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| {
+                        (
+                            r.get::<_, String>(0),
+                            Position {
+                                seq_nr: to_u64(r.get(1)),
+                                writer: to_u64(r.get(2)),
+                            },
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Err(_) => HashMap::new(),
+    };
+    for s in states.iter().filter(|s| lost.contains(&s.persistence_id)) {
+        let pid = s.persistence_id;
+        let actual = stored.get(pid).copied().unwrap_or_default();
+        let mut first: Option<StoreError> = None;
+        for &i in &s.ops {
+            let own = match &batch[i] {
+                Op::Upsert(w, _) => check_write(
+                    pid,
+                    actual.seq_nr,
+                    actual.writer,
+                    w.expected_revision,
+                    w.writer,
+                )
+                .err(),
+                Op::DeleteState(_, expected, _) => {
+                    (*expected != actual.seq_nr).then(|| StoreError::Conflict {
+                        persistence_id: pid.to_string(),
+                        expected: *expected,
+                        actual: actual.seq_nr,
+                    })
+                }
+                _ => None,
+            };
+            // A later write of the same chain was refused because the first one was.
+            let error = own
+                .or_else(|| first.clone())
+                .unwrap_or_else(|| StoreError::Conflict {
+                    persistence_id: pid.to_string(),
+                    expected: 0,
+                    actual: actual.seq_nr,
+                });
+            first.get_or_insert_with(|| error.clone());
+            outcomes[i] = Err(error);
+        }
+    }
 }

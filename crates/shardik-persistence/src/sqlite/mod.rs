@@ -1,8 +1,10 @@
 //! [`SqliteStore`]: journal, snapshots and durable state in one SQLite file (WAL mode).
 //!
 //! Writes go to one writer thread that groups whatever is queued into one transaction, so
-//! many entities persisting at once share an fsync. Reads run on a small pool of read
-//! connections inside `spawn_blocking`; in WAL mode they do not wait for the writer.
+//! many entities persisting at once share an fsync; a task on the callers' runtime answers
+//! them, and a checkpointer thread copies the WAL into the database file, both off the
+//! writer's path. Reads run on a small pool of read connections inside `spawn_blocking`; in
+//! WAL mode they do not wait for the writer.
 
 mod schema;
 mod writer;
@@ -68,6 +70,7 @@ pub struct SqliteStore {
     writes: mpsc::Sender<Op>,
     readers: Arc<Readers>,
     stats: Arc<Counters>,
+    replier: Arc<writer::Replier>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -101,13 +104,27 @@ impl SqliteStore {
         let conns = (0..options.readers.max(1))
             .map(|_| connect(&path, sync).map(Mutex::new))
             .collect::<Result<_, _>>()?;
+        // Checkpoints (copying the WAL into the database file) run on their own thread and
+        // connection, so the writer does not pay for them inside its batches.
+        conn.execute_batch("PRAGMA wal_autocheckpoint=0;")
+            .map_err(backend)?;
+        let checkpointer = connect(&path, sync)?;
+        let (checkpoint, checkpoints) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("shardik-sqlite-checkpoint".into())
+            .spawn(move || writer::checkpoint(checkpointer, checkpoints))
+            .map_err(|e| {
+                StoreError::Backend(format!("cannot start the SQLite checkpointer: {e}"))
+            })?;
         let (writes, ops) = mpsc::channel();
         let max_batch = options.max_batch.max(1);
         let stats = Arc::new(Counters::default());
         let counters = stats.clone();
+        let replier = Arc::new(writer::Replier::default());
+        let route = replier.clone();
         std::thread::Builder::new()
             .name("shardik-sqlite-writer".into())
-            .spawn(move || writer::run(conn, ops, max_batch, &counters))
+            .spawn(move || writer::run(conn, ops, max_batch, &counters, checkpoint, &route))
             .map_err(|e| StoreError::Backend(format!("cannot start the SQLite writer: {e}")))?;
         Ok(SqliteStore {
             path,
@@ -117,6 +134,7 @@ impl SqliteStore {
                 next: AtomicUsize::new(0),
             }),
             stats,
+            replier,
         })
     }
 
@@ -131,6 +149,7 @@ impl SqliteStore {
     }
 
     async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, StoreError> {
+        self.replier.ensure();
         let (tx, rx) = oneshot::channel();
         self.writes.send(make(tx)).map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?

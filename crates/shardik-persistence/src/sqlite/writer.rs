@@ -1,18 +1,59 @@
 //! The SQLite writer thread: every write goes through it, and whatever is queued when it
 //! wakes up is written in one transaction (one fsync) before each caller is answered.
+//!
+//! A batch is planned first ([`crate::batch::plan`]): the positions of the streams and
+//! states it touches are read once each, every write is checked in Rust in batch order, and
+//! only the accepted writes' rows are then written, with prepared statements kept for the
+//! whole batch. A refused write therefore writes nothing and needs no savepoint; an
+//! unexpected SQLite error rolls the whole batch back and every write in it gets the error.
 
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::schema::{backend, now_millis, to_i64, to_u64};
-use crate::batch::{Counters, Done, Op, Reply};
-use crate::error::StoreError;
-use crate::record::{AppendRequest, StateWrite};
-use crate::rules::check_write;
+use crate::batch::{plan, Counters, Done, Op, Plan, Position, SnapshotStep};
+
+const SELECT_STREAM: &str =
+    "SELECT highest_seq_nr, writer FROM journal_meta WHERE persistence_id = ?1";
+const SELECT_STATE: &str = "SELECT revision, writer FROM durable_state WHERE persistence_id = ?1";
+const DELETE_EVENTS: &str = "DELETE FROM journal WHERE persistence_id = ?1 AND seq_nr <= ?2";
+const INSERT_EVENT: &str = "INSERT INTO journal
+    (persistence_id, seq_nr, writer, type_name, version, payload, written_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+const UPSERT_STREAM: &str =
+    "INSERT INTO journal_meta (persistence_id, highest_seq_nr, writer) VALUES (?1, ?2, ?3)
+     ON CONFLICT (persistence_id) DO UPDATE
+     SET highest_seq_nr = excluded.highest_seq_nr, writer = excluded.writer";
+const SAVE_SNAPSHOT: &str = "INSERT OR REPLACE INTO snapshots
+    (persistence_id, seq_nr, type_name, version, payload, written_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+const DELETE_SNAPSHOTS: &str = "DELETE FROM snapshots WHERE persistence_id = ?1 AND seq_nr <= ?2";
+const WRITE_STATE: &str = "INSERT OR REPLACE INTO durable_state
+    (persistence_id, revision, writer, type_name, version, payload, written_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+const DELETE_STATE: &str = "DELETE FROM durable_state WHERE persistence_id = ?1";
+
+/// WAL frames after which the writer asks for a checkpoint (SQLite's default
+/// `wal_autocheckpoint`).
+const CHECKPOINT_FRAMES: i32 = 1000;
 
 /// Runs until every sender is gone, writing batches of at most `max_batch` operations.
-pub(super) fn run(mut conn: Connection, ops: Receiver<Op>, max_batch: usize, counters: &Counters) {
+/// Asks `checkpoint` for a checkpoint when the WAL has grown by [`CHECKPOINT_FRAMES`].
+pub(super) fn run(
+    mut conn: Connection,
+    ops: Receiver<Op>,
+    max_batch: usize,
+    counters: &Counters,
+    checkpoint: SyncSender<()>,
+    replier: &Replier,
+) {
+    conn.wal_hook(Some(wal_grew));
+    // The hook cannot capture: it reaches the checkpointer through this thread's slot.
+    CHECKPOINTER.with(|c| *c.borrow_mut() = Some(checkpoint));
     let mut batch = Vec::with_capacity(max_batch);
     while let Ok(first) = ops.recv() {
         batch.push(first);
@@ -23,197 +64,229 @@ pub(super) fn run(mut conn: Connection, ops: Receiver<Op>, max_batch: usize, cou
             }
         }
         counters.batch(batch.len(), "sqlite");
-        for done in write_batch(&mut conn, batch.drain(..)) {
+        replier.answer(write_batch(&mut conn, std::mem::take(&mut batch)));
+    }
+}
+
+/// Answers callers from a task on their runtime when there is one: waking a task from
+/// inside the runtime is much cheaper than from this thread, and the writer can start its
+/// next batch meanwhile.
+#[derive(Default)]
+pub(super) struct Replier {
+    route: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Vec<Done>>>>,
+    live: AtomicBool,
+}
+
+impl Replier {
+    /// Makes sure a reply task runs, on the current tokio runtime if there is one.
+    pub(super) fn ensure(&self) {
+        if self.live.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut route = self.route.lock();
+        if route.as_ref().is_some_and(|r| !r.is_closed()) {
+            self.live.store(true, Ordering::Release);
+            return;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Done>>();
+        runtime.spawn(async move {
+            while let Some(batch) = rx.recv().await {
+                for done in batch {
+                    done.send();
+                }
+            }
+        });
+        *route = Some(tx);
+        self.live.store(true, Ordering::Release);
+    }
+
+    /// Answers a batch's callers, through the reply task if it runs, else from here.
+    fn answer(&self, batch: Vec<Done>) {
+        let batch = match &*self.route.lock() {
+            Some(route) => match route.send(batch) {
+                Ok(()) => return,
+                Err(back) => {
+                    // Its runtime has shut down: the next write starts another.
+                    self.live.store(false, Ordering::Release);
+                    back.0
+                }
+            },
+            None => batch,
+        };
+        for done in batch {
             done.send();
         }
     }
 }
 
-/// One transaction for the whole batch; each operation inside its own savepoint so that a
-/// refused write (a conflict) leaves the others in the batch untouched.
-fn write_batch(conn: &mut Connection, batch: impl Iterator<Item = Op>) -> Vec<Done> {
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+thread_local! {
+    static CHECKPOINTER: std::cell::RefCell<Option<SyncSender<()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Called by SQLite after each commit with the WAL's size in frames.
+fn wal_grew(_: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
+    if frames >= CHECKPOINT_FRAMES {
+        CHECKPOINTER.with(|c| {
+            if let Some(c) = &*c.borrow() {
+                // Full: a checkpoint is already pending, it will cover these frames too.
+                let _ = c.try_send(());
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The checkpointer thread: a passive checkpoint (it never blocks the writer or readers)
+/// whenever the writer asks, until the writer stops.
+pub(super) fn checkpoint(conn: Connection, requests: Receiver<()>) {
+    while requests.recv().is_ok() {
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "SQLite checkpoint failed");
+        }
+    }
+}
+
+/// One transaction for the whole batch: read the positions, check every write, write the
+/// accepted ones, commit.
+fn write_batch(conn: &mut Connection, batch: Vec<Op>) -> Vec<Done> {
+    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
             let e = backend(e);
-            return batch.map(|op| op.refuse(e.clone())).collect();
+            return batch.into_iter().map(|op| op.refuse(e.clone())).collect();
         }
     };
-    let mut results = Vec::new();
-    for op in batch {
-        results.push(match tx.savepoint() {
-            Ok(sp) => apply(sp, op),
-            Err(e) => op.refuse(backend(e)),
-        });
-    }
-    if let Err(e) = tx.commit() {
-        let e = backend(e);
-        tracing::error!(error = %e, "SQLite batch commit failed; every write in it is refused");
-        for done in &mut results {
-            done.fail_if_ok(&e);
+    let outcomes = {
+        let planned = {
+            let (mut streams, mut states) = match (
+                tx.prepare_cached(SELECT_STREAM),
+                tx.prepare_cached(SELECT_STATE),
+            ) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), _) | (_, Err(e)) => {
+                    let e = backend(e);
+                    return batch.into_iter().map(|op| op.refuse(e.clone())).collect();
+                }
+            };
+            plan(
+                &batch,
+                |pid| {
+                    streams
+                        .query_row([pid], position)
+                        .optional()
+                        .map(Option::unwrap_or_default)
+                },
+                |pid| states.query_row([pid], position).optional(),
+            )
+        };
+        let mut planned = match planned {
+            Ok(p) => p,
+            Err(e) => {
+                let e = backend(e);
+                return batch.into_iter().map(|op| op.refuse(e.clone())).collect();
+            }
+        };
+        if let Err(e) = execute(&tx, &planned) {
+            let e = backend(e);
+            tracing::error!(error = %e, "SQLite batch failed; every write in it is refused");
+            planned.fail(&e);
+        }
+        std::mem::take(&mut planned.outcomes)
+    };
+    let mut outcomes = outcomes;
+    if outcomes.iter().any(Result::is_ok) {
+        if let Err(e) = tx.commit() {
+            let e = backend(e);
+            tracing::error!(error = %e, "SQLite batch commit failed; every write in it is refused");
+            for outcome in &mut outcomes {
+                if outcome.is_ok() {
+                    *outcome = Err(e.clone());
+                }
+            }
         }
     }
-    results
+    // Otherwise nothing to keep: dropping the transaction rolls it back.
+    batch
+        .into_iter()
+        .zip(outcomes)
+        .map(|(op, outcome)| op.complete(outcome))
+        .collect()
 }
 
-/// Releases the savepoint on success; dropping it on failure rolls it back.
-fn finish(sp: rusqlite::Savepoint<'_>, ok: bool) -> Result<(), StoreError> {
-    if ok {
-        sp.commit().map_err(backend)
-    } else {
-        Ok(())
-    }
+fn position(row: &rusqlite::Row<'_>) -> rusqlite::Result<Position> {
+    Ok(Position {
+        seq_nr: to_u64(row.get(0)?),
+        writer: to_u64(row.get(1)?),
+    })
 }
 
-/// Applies `op` inside savepoint `sp`.
-fn apply(sp: rusqlite::Savepoint<'_>, op: Op) -> Done {
-    match op {
-        Op::Append(req, tx) => {
-            let r = append(&sp, req);
-            let r = finish(sp, r.is_ok()).and(r);
-            Done::Number(tx, r)
+/// Writes the rows of `plan`.
+fn execute(c: &Connection, plan: &Plan<'_>) -> rusqlite::Result<()> {
+    let now = now_millis();
+    if !plan.event_deletes.is_empty() {
+        let mut delete = c.prepare_cached(DELETE_EVENTS)?;
+        for (pid, to) in &plan.event_deletes {
+            delete.execute(params![pid, to_i64(*to)])?;
         }
-        Op::Upsert(write, tx) => {
-            let r = upsert(&sp, write);
-            let r = finish(sp, r.is_ok()).and(r);
-            Done::Number(tx, r)
+    }
+    if !plan.events.is_empty() {
+        let mut insert = c.prepare_cached(INSERT_EVENT)?;
+        for e in &plan.events {
+            insert.execute(params![
+                e.persistence_id,
+                to_i64(e.seq_nr),
+                to_i64(e.writer),
+                e.payload.type_name,
+                e.payload.version,
+                e.payload.bytes,
+                now
+            ])?;
         }
-        Op::DeleteEvents(pid, to, tx) => unit(sp, tx, |c| {
-            c.prepare_cached("DELETE FROM journal WHERE persistence_id = ?1 AND seq_nr <= ?2")?
-                .execute(params![pid, to_i64(to)])
-                .map(drop)
-        }),
-        Op::DeleteSnapshots(pid, to, tx) => unit(sp, tx, |c| {
-            c.prepare_cached("DELETE FROM snapshots WHERE persistence_id = ?1 AND seq_nr <= ?2")?
-                .execute(params![pid, to_i64(to)])
-                .map(drop)
-        }),
-        Op::SaveSnapshot(s, tx) => unit(sp, tx, |c| {
-            c.prepare_cached(
-                "INSERT OR REPLACE INTO snapshots
-                 (persistence_id, seq_nr, type_name, version, payload, written_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
+    }
+    if !plan.streams.is_empty() {
+        let mut upsert = c.prepare_cached(UPSERT_STREAM)?;
+        for (pid, p) in &plan.streams {
+            upsert.execute(params![pid, to_i64(p.seq_nr), to_i64(p.writer)])?;
+        }
+    }
+    for step in &plan.snapshots {
+        match step {
+            SnapshotStep::Save(s) => c.prepare_cached(SAVE_SNAPSHOT)?.execute(params![
                 s.persistence_id,
                 to_i64(s.seq_nr),
                 s.payload.type_name,
                 s.payload.version,
                 s.payload.bytes,
-                now_millis()
-            ])
-            .map(drop)
-        }),
-        Op::DeleteState(pid, expected, tx) => {
-            let r = delete_state(&sp, &pid, expected);
-            let r = finish(sp, r.is_ok()).and(r);
-            Done::Unit(tx, r)
-        }
+                now
+            ])?,
+            SnapshotStep::DeleteUpTo(pid, to) => c
+                .prepare_cached(DELETE_SNAPSHOTS)?
+                .execute(params![pid, to_i64(*to)])?,
+        };
     }
-}
-
-fn unit(
-    sp: rusqlite::Savepoint<'_>,
-    tx: Reply<()>,
-    body: impl FnOnce(&Connection) -> rusqlite::Result<()>,
-) -> Done {
-    let r = body(&sp).map_err(backend);
-    let r = finish(sp, r.is_ok()).and(r);
-    Done::Unit(tx, r)
-}
-
-fn append(c: &Connection, req: AppendRequest) -> Result<u64, StoreError> {
-    let pid = &req.persistence_id;
-    let (highest, writer) = c
-        .prepare_cached("SELECT highest_seq_nr, writer FROM journal_meta WHERE persistence_id = ?1")
-        .and_then(|mut s| {
-            s.query_row([pid], |r| Ok((to_u64(r.get(0)?), to_u64(r.get(1)?))))
-                .optional()
-        })
-        .map_err(backend)?
-        .unwrap_or((0, 0));
-    check_write(pid, highest, writer, req.expected_seq_nr, req.writer)?;
-    let now = now_millis();
-    let mut seq = highest;
-    {
-        let mut insert = c
-            .prepare_cached(
-                "INSERT INTO journal
-                 (persistence_id, seq_nr, writer, type_name, version, payload, written_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )
-            .map_err(backend)?;
-        for p in &req.events {
-            seq += 1;
-            insert
-                .execute(params![
-                    pid,
-                    to_i64(seq),
-                    to_i64(req.writer),
+    for s in &plan.states {
+        match (s.payload, s.existed) {
+            (Some(p), _) => {
+                c.prepare_cached(WRITE_STATE)?.execute(params![
+                    s.persistence_id,
+                    to_i64(s.position.seq_nr),
+                    to_i64(s.position.writer),
                     p.type_name,
                     p.version,
                     p.bytes,
                     now
-                ])
-                .map_err(backend)?;
+                ])?;
+            }
+            (None, true) => {
+                c.prepare_cached(DELETE_STATE)?
+                    .execute([s.persistence_id])?;
+            }
+            (None, false) => {}
         }
     }
-    c.prepare_cached(
-        "INSERT INTO journal_meta (persistence_id, highest_seq_nr, writer) VALUES (?1, ?2, ?3)
-         ON CONFLICT (persistence_id) DO UPDATE
-         SET highest_seq_nr = excluded.highest_seq_nr, writer = excluded.writer",
-    )
-    .and_then(|mut s| s.execute(params![pid, to_i64(seq), to_i64(req.writer)]))
-    .map_err(backend)?;
-    Ok(seq)
-}
-
-fn upsert(c: &Connection, w: StateWrite) -> Result<u64, StoreError> {
-    let pid = &w.persistence_id;
-    let (revision, writer) = c
-        .prepare_cached("SELECT revision, writer FROM durable_state WHERE persistence_id = ?1")
-        .and_then(|mut s| {
-            s.query_row([pid], |r| Ok((to_u64(r.get(0)?), to_u64(r.get(1)?))))
-                .optional()
-        })
-        .map_err(backend)?
-        .unwrap_or((0, 0));
-    check_write(pid, revision, writer, w.expected_revision, w.writer)?;
-    c.prepare_cached(
-        "INSERT OR REPLACE INTO durable_state
-         (persistence_id, revision, writer, type_name, version, payload, written_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
-            pid,
-            to_i64(revision + 1),
-            to_i64(w.writer),
-            w.payload.type_name,
-            w.payload.version,
-            w.payload.bytes,
-            now_millis()
-        ])
-    })
-    .map_err(backend)?;
-    Ok(revision + 1)
-}
-
-fn delete_state(c: &Connection, pid: &str, expected: u64) -> Result<(), StoreError> {
-    let revision = c
-        .prepare_cached("SELECT revision FROM durable_state WHERE persistence_id = ?1")
-        .and_then(|mut s| s.query_row([pid], |r| r.get::<_, i64>(0)).optional())
-        .map_err(backend)?
-        .map_or(0, to_u64);
-    if revision != expected {
-        return Err(StoreError::Conflict {
-            persistence_id: pid.to_string(),
-            expected,
-            actual: revision,
-        });
-    }
-    c.prepare_cached("DELETE FROM durable_state WHERE persistence_id = ?1")
-        .and_then(|mut s| s.execute([pid]))
-        .map_err(backend)?;
     Ok(())
 }

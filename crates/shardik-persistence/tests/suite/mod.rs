@@ -35,6 +35,8 @@ macro_rules! store_suite {
                 schema_evolution_upcasts_old_events,
                 entity_recovers_through_upcasts,
                 batching_many_concurrent_writers,
+                mixed_batch_refuses_writes_one_by_one,
+                deletes_apply_in_queue_order,
                 entity_recovers_from_events,
                 entity_recovers_from_snapshot_and_events,
                 entity_snapshot_retention,

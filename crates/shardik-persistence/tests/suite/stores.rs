@@ -210,3 +210,158 @@ pub async fn two_stores_one_stream<A: Store, B: Store>(a: Arc<A>, b: Arc<B>) {
         assert_eq!(amounts(&*b, &pid, 1).await, [(1, winner)]);
     }
 }
+
+/// Writes queued together (a batching store takes them into one transaction) are accepted
+/// or refused one by one, in queue order: a conflict or a fenced writer refuses only its own
+/// write, and a later write of the same stream sees the earlier accepted one.
+pub async fn mixed_batch_refuses_writes_one_by_one<S: Store>(store: Arc<S>) {
+    let state = |pid: &str, expected, writer, v: u64| StateWrite {
+        persistence_id: pid.into(),
+        expected_revision: expected,
+        writer,
+        payload: Payload::encode_as("n", 1, &v).unwrap(),
+    };
+    store
+        .append(append("m-conflict", 0, 1, &[1, 2]))
+        .await
+        .unwrap();
+    store.append(append("m-fenced", 0, 7, &[1])).await.unwrap();
+    assert_eq!(store.upsert(state("m-state", 0, 7, 1)).await, Ok(1));
+    let snapshot = SnapshotRecord {
+        persistence_id: "m-new".into(),
+        seq_nr: 2,
+        payload: Payload::encode_as("snap", 1, &2u64).unwrap(),
+    };
+    let (new1, conflict, accepted, fenced, new2, state_fenced, state_new, state_conflict, snap) = tokio::join!(
+        store.append(append("m-new", 0, 1, &[10, 11])),
+        store.append(append("m-conflict", 1, 1, &[30])),
+        store.append(append("m-conflict", 2, 1, &[3])),
+        store.append(append("m-fenced", 1, 6, &[2])),
+        store.append(append("m-new", 2, 1, &[12])),
+        store.upsert(state("m-state", 1, 6, 2)),
+        store.upsert(state("m-state-2", 0, 1, 5)),
+        store.upsert(state("m-state-2", 0, 1, 6)),
+        store.save(snapshot),
+    );
+    assert_eq!(new1, Ok(2));
+    assert_eq!(
+        conflict,
+        Err(StoreError::Conflict {
+            persistence_id: "m-conflict".into(),
+            expected: 1,
+            actual: 2
+        })
+    );
+    assert_eq!(accepted, Ok(3));
+    assert_eq!(
+        fenced,
+        Err(StoreError::Fenced {
+            persistence_id: "m-fenced".into(),
+            writer: 6,
+            current: 7
+        })
+    );
+    assert_eq!(new2, Ok(3));
+    assert!(matches!(
+        state_fenced,
+        Err(StoreError::Fenced {
+            writer: 6,
+            current: 7,
+            ..
+        })
+    ));
+    assert_eq!(state_new, Ok(1));
+    assert!(matches!(
+        state_conflict,
+        Err(StoreError::Conflict {
+            expected: 0,
+            actual: 1,
+            ..
+        })
+    ));
+    assert_eq!(snap, Ok(()));
+    assert_eq!(
+        amounts(&*store, "m-new", 1).await,
+        [(1, 10), (2, 11), (3, 12)]
+    );
+    assert_eq!(
+        amounts(&*store, "m-conflict", 1).await,
+        [(1, 1), (2, 2), (3, 3)]
+    );
+    assert_eq!(amounts(&*store, "m-fenced", 1).await, [(1, 1)]);
+    assert_eq!(store.highest_seq_nr("m-fenced").await, Ok(1));
+    let kept = store.get("m-state").await.unwrap().unwrap();
+    assert_eq!(
+        (kept.revision, kept.payload),
+        (1, state("", 0, 0, 1).payload)
+    );
+    let created = store.get("m-state-2").await.unwrap().unwrap();
+    assert_eq!(
+        (created.revision, created.payload),
+        (1, state("", 0, 0, 5).payload)
+    );
+    assert_eq!(
+        store.load_latest("m-new").await.unwrap().map(|s| s.seq_nr),
+        Some(2)
+    );
+    // The fenced-out writer stays fenced; the newest one goes on.
+    assert!(matches!(
+        store.append(append("m-fenced", 1, 6, &[2])).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert_eq!(store.append(append("m-fenced", 1, 7, &[2])).await, Ok(2));
+}
+
+/// Deletions queued with appends and saves apply in queue order: a deletion removes what
+/// was written before it (in the same batch too), never what is written after it.
+pub async fn deletes_apply_in_queue_order<S: Store>(store: Arc<S>) {
+    let snap = |seq_nr: u64| SnapshotRecord {
+        persistence_id: "q".into(),
+        seq_nr,
+        payload: Payload::encode_as("snap", 1, &seq_nr).unwrap(),
+    };
+    store.append(append("q", 0, 1, &[1, 2])).await.unwrap();
+    store.save(snap(2)).await.unwrap();
+    let (a, b, c, d, e, f) = tokio::join!(
+        store.append(append("q", 2, 1, &[3, 4])),
+        store.delete_up_to("q", 3),
+        store.append(append("q", 4, 1, &[5])),
+        store.save(snap(4)),
+        store.delete_snapshots_up_to("q", 4),
+        store.save(snap(3)),
+    );
+    assert_eq!((a, b, c), (Ok(4), Ok(()), Ok(5)));
+    assert_eq!((d, e, f), (Ok(()), Ok(()), Ok(())));
+    assert_eq!(amounts(&*store, "q", 1).await, [(4, 4), (5, 5)]);
+    assert_eq!(store.highest_seq_nr("q").await, Ok(5));
+    assert_eq!(
+        store.load_latest("q").await.unwrap().map(|s| s.seq_nr),
+        Some(3)
+    );
+}
+
+/// Two stores on the same data create the same durable state at once, many times: each
+/// round exactly one write wins and the other is refused (a conflict, or fenced when the
+/// winner is the newer writer), never both stored.
+pub async fn two_stores_one_state<A: Store, B: Store>(a: Arc<A>, b: Arc<B>) {
+    let write = |pid: &str, writer, v: u64| StateWrite {
+        persistence_id: pid.into(),
+        expected_revision: 0,
+        writer,
+        payload: Payload::encode_as("n", 1, &v).unwrap(),
+    };
+    for round in 0..20u64 {
+        let pid = format!("state-race-{round}");
+        let (ra, rb) = tokio::join!(a.upsert(write(&pid, 1, 1)), b.upsert(write(&pid, 1, 2)));
+        let winner = match (&ra, &rb) {
+            (Ok(1), Err(StoreError::Conflict { actual: 1, .. })) => 1,
+            (Err(StoreError::Conflict { actual: 1, .. }), Ok(1)) => 2,
+            other => panic!("round {round}: exactly one write must win: {other:?}"),
+        };
+        let stored = a.get(&pid).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.revision, stored.payload),
+            (1, write("", 0, winner).payload)
+        );
+    }
+}
