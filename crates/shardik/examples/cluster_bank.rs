@@ -1,11 +1,20 @@
-//! The Casty bank on a two-node cluster in one process: accounts are sharded entities, the
-//! deposits go through either node, and the balance is asked through the other.
+//! The Casty bank on a two-node cluster: accounts are sharded entities, the deposits go
+//! through either node, and the balance is asked through the other.
 //!
 //! ```sh
-//! cargo run -p shardik --example cluster_bank
+//! cargo run -p shardik --example cluster_bank                  # two nodes in one process
+//! cargo run -p shardik --example cluster_bank -- --processes   # two OS processes
 //! ```
+//!
+//! With `--processes` this process is node-a and starts node-b as a child process of the same
+//! program: node-b deposits 50 through its own region, node-a deposits 100 through its own,
+//! and node-a asks for the balance.
 
+use std::process::Stdio;
 use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::Command;
 
 use serde::{Deserialize, Serialize};
 use shardik::cluster::runtime::{Cluster, ClusterConfig};
@@ -55,8 +64,69 @@ async fn node(name: &str, seed: Option<String>) -> (ActorSystem, Cluster, Region
     (system, cluster, accounts)
 }
 
+async fn balance(bank: &Region<AccountMsg>) -> u64 {
+    bank.entity_ref("alice")
+        .ask(AccountMsg::Balance, Duration::from_secs(5))
+        .await
+        .expect("balance")
+}
+
+/// node-b as a child process: deposits 50, says so on stdout, and serves until its parent
+/// closes stdin.
+async fn child(seed: String) {
+    let (sys_b, cluster_b, bank_b) = node("node-b", Some(seed)).await;
+    bank_b.tell("alice", AccountMsg::Deposit(50));
+    // The ask through the same node follows the deposit: once it is answered, it is in.
+    balance(&bank_b).await;
+    println!("deposited");
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 64];
+    while stdin.read(&mut buf).await.unwrap_or(0) > 0 {}
+    ClusterSharding::get(&cluster_b)
+        .leave(Duration::from_secs(10))
+        .await;
+    sys_b.shutdown().await;
+}
+
+async fn two_processes() {
+    let (sys_a, cluster_a, bank_a) = node("node-a", None).await;
+    let mut node_b = Command::new(std::env::current_exe().expect("own path"))
+        .args(["--child", &cluster_a.self_node().address])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node-b starts");
+    bank_a.tell("alice", AccountMsg::Deposit(100));
+    let mut lines = BufReader::new(node_b.stdout.take().expect("piped")).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("node-b deposits within 30 s")
+        .expect("node-b's output");
+    assert_eq!(said.as_deref(), Some("deposited"));
+    println!("Alice's balance: {}", balance(&bank_a).await);
+    // Closing node-b's stdin makes it hand its shards off and leave.
+    drop(node_b.stdin.take());
+    node_b.wait().await.expect("node-b exits");
+    cluster_a.shutdown().await;
+    sys_a.shutdown().await;
+}
+
 #[tokio::main]
 async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => one_process().await,
+        ["--processes"] => two_processes().await,
+        ["--child", seed] => child(seed.to_string()).await,
+        _ => {
+            eprintln!("usage: cluster_bank [--processes]");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn one_process() {
     let (sys_a, cluster_a, bank_a) = node("node-a", None).await;
     let (sys_b, cluster_b, bank_b) =
         node("node-b", Some(cluster_a.self_node().address.clone())).await;
@@ -72,12 +142,7 @@ async fn main() {
             .await
             .expect("balance");
     }
-    let balance = bank_a
-        .entity_ref("alice")
-        .ask(AccountMsg::Balance, Duration::from_secs(5))
-        .await
-        .expect("balance");
-    println!("Alice's balance: {balance}");
+    println!("Alice's balance: {}", balance(&bank_a).await);
 
     // Node b hands its shards off to node a, then leaves the cluster.
     ClusterSharding::get(&cluster_b)
