@@ -56,7 +56,10 @@ fn quick_persistence_suite_prints_well_formed_records() {
         assert_eq!(r["unit"], "events/s");
         assert_eq!(r["better"], "higher");
         let value = r["value"].as_f64().expect("value is a number");
-        assert!(value > 0.0 && value.is_finite(), "no events acknowledged: {r}");
+        assert!(
+            value > 0.0 && value.is_finite(),
+            "no events acknowledged: {r}"
+        );
         assert!(r["baseline"].as_f64().is_some_and(|b| b > 0.0), "{r}");
     }
 }
