@@ -26,4 +26,39 @@ pub enum ShardingError {
         /// What is wrong.
         problem: String,
     },
+    /// A cluster entity type's coordinator refused this node's region because the node started
+    /// the type with another shard count: every message to the type fails on this node.
+    #[error(
+        "entity type {name:?}: shard count mismatch: the coordinator uses {coordinator} shards, \
+         this node started the type with {this_node}; every node must use the same shard count"
+    )]
+    ShardCountMismatch {
+        /// The type name.
+        name: String,
+        /// The coordinator's shard count.
+        coordinator: u32,
+        /// This node's shard count.
+        this_node: u32,
+    },
+    /// A cluster entity type's coordinator refused this node's region for another reason
+    /// (its node was downed).
+    #[error("entity type {name:?}: region refused by the coordinator: {reason}")]
+    Refused {
+        /// The type name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// No entity type of this name is started on this node.
+    #[error("entity type {0:?} is not started on this node")]
+    NotStarted(String),
+    /// The node's region of a cluster entity type did not register with a coordinator in time
+    /// (no member hosting the type is `Up`, or the coordinator is still starting).
+    #[error("entity type {name:?}: not registered with a coordinator within {timeout:?}")]
+    NotRegistered {
+        /// The type name.
+        name: String,
+        /// How long was waited.
+        timeout: std::time::Duration,
+    },
 }

@@ -41,6 +41,10 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// (messages buffered while one stopped) are passivated again, so nothing is lost.
     /// The caller must stop delivering to the shard first.
     fn stop_shard(&self, shard: ShardId, done: ShardStopped);
+
+    /// Starts entity `id` of `shard` without a message if it has no incarnation (remembered
+    /// entities on a new home). The caller hosts the shard.
+    fn start_entity(&self, shard: ShardId, id: &str);
 }
 
 /// A live entity incarnation as the shard sees it.
@@ -360,6 +364,22 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
         self.stopping.lock().insert(shard, done);
         // A termination racing with this call finds the entry and checks again.
         self.check_stopping(shard);
+    }
+
+    fn start_entity(&self, shard: ShardId, id: &str) {
+        if shard >= self.shard_count || self.system.is_shutting_down() {
+            return;
+        }
+        let mut victims = Vec::new();
+        {
+            let mut state = self.shards[shard as usize].lock();
+            if state.ensure(id, self.now(), |key| self.spawn_entity(key)) {
+                self.track(id, &Delivery::Spawned, &mut victims);
+            }
+        }
+        if !victims.is_empty() {
+            self.passivate_victims(victims);
+        }
     }
 }
 

@@ -186,6 +186,25 @@ impl<M, H: EntityHandle<M>> ShardState<M, H> {
         }
     }
 
+    /// Starts entity `id` at coarse time `now` with `spawn` if it has no incarnation (without
+    /// a message: remembered entities restarted on a new home). Returns true if it spawned.
+    pub fn ensure(&mut self, id: &str, now: u64, spawn: impl FnOnce(&EntityId) -> H) -> bool {
+        if self.entities.contains_key(id) {
+            return false;
+        }
+        let key: EntityId = id.into();
+        let handle = spawn(&key);
+        self.entities.insert(
+            Key::new(id),
+            Slot::Active {
+                handle,
+                touched: now,
+            },
+        );
+        self.active += 1;
+        true
+    }
+
     /// Starts passivating entity `id`: it handles what its mailbox holds, then stops; new
     /// messages wait in the shard. Returns false if it is not active.
     pub fn passivate(&mut self, id: &str) -> bool {

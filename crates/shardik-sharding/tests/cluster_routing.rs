@@ -83,17 +83,38 @@ async fn tell_and_ask_from_every_node_reach_the_one_incarnation() {
     stop_all(&nodes).await;
 }
 
-/// A node that starts the type with another shard count is refused by the coordinator: its
-/// region refuses every message from then on (`TellError::Stopped`), instead of homing
-/// entities twice.
+/// A node that starts the type with another shard count is refused by the coordinator:
+/// `wait_registered` (and `refusal`) name both shard counts in a typed error, and its region
+/// refuses every message from then on (`TellError::Stopped`), instead of homing entities
+/// twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_count_mismatch_is_refused() {
+    use shardik_sharding::ShardingError;
     let reg = Arc::new(Registry::default());
     let n0 = start_node("n0", None, 12, &reg).await;
     let seed = n0.id().address.clone();
     let n1 = start_node("n1", Some(&seed), 13, &reg).await;
     let nodes = vec![n0, n1];
     all_up(&nodes).await;
+    let wait = std::time::Duration::from_secs(20);
+    nodes[0].sharding.wait_registered(TYPE, wait).await.unwrap();
+    let err = nodes[1]
+        .sharding
+        .wait_registered(TYPE, wait)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ShardingError::ShardCountMismatch {
+            name: TYPE.to_string(),
+            coordinator: 12,
+            this_node: 13,
+        }
+    );
+    let text = err.to_string();
+    assert!(text.contains("12") && text.contains("13"), "{text}");
+    assert_eq!(nodes[1].sharding.refusal(TYPE), Some(err));
+    assert_eq!(nodes[0].sharding.refusal(TYPE), None);
     poll("n1 refused", std::time::Duration::from_secs(20), || {
         matches!(
             nodes[1]

@@ -8,14 +8,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use shardik_cluster::member::UniqueAddress;
+use shardik_cluster::member::{MemberStatus, UniqueAddress};
 use shardik_cluster::runtime::{Cluster, ClusterState, Event};
 use shardik_remote::RemoteRef;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 
+use super::directory::Directory;
 use super::membership::{
-    coordinator_node, is_gone, is_leaving, is_stable, majority, quorum_members,
+    coordinator_node, has_role, is_gone, is_leaving, is_stable, majority, quorum_members,
 };
 use super::replica::ReplicaStore;
 use super::settings::ClusterShardingSettings;
@@ -23,8 +24,8 @@ use super::wire::{
     region_addr, region_control_path, region_node, CoordWire, ReplicaAck, ReplicaReq, REPLICA_PATH,
 };
 use crate::coordination::{
-    Action, Coordinator, CoordinatorConfig, CoordinatorState, Epoch, Input, RegionId, ToRegion,
-    Version,
+    Action, Coordinator, CoordinatorConfig, CoordinatorState, Epoch, Input, RegionId,
+    ToCoordinator, ToRegion, Version,
 };
 
 /// What the coordinator driver reacts to besides membership and ticks.
@@ -63,6 +64,7 @@ pub(crate) struct Ctx {
     pub(crate) type_name: String,
     pub(crate) cluster: Cluster,
     pub(crate) replicas: Arc<ReplicaStore>,
+    pub(crate) directory: Arc<Directory>,
     pub(crate) settings: ClusterShardingSettings,
     pub(crate) clock: Instant,
     pub(crate) events: mpsc::UnboundedSender<CoordEvent>,
@@ -77,6 +79,14 @@ impl Ctx {
 
     fn me(&self) -> &UniqueAddress {
         self.cluster.self_node()
+    }
+
+    fn role(&self) -> Option<&str> {
+        self.settings.role.as_deref()
+    }
+
+    fn quorum(&self, state: &ClusterState) -> Vec<UniqueAddress> {
+        quorum_members(state, self.role())
     }
 }
 
@@ -113,7 +123,15 @@ pub(crate) struct CoordinatorDriver {
     recovery: Option<Recovery>,
     attempt: u64,
     published: Option<(Epoch, Version, usize)>,
+    /// When the type was started on this node (see [`SETTLE`]).
+    started: Instant,
 }
+
+/// A node that would be the coordinator while an older member (with the role) does not host
+/// the type waits this long after starting the type: the older member may be starting it
+/// too (its announcement in flight), and becoming the coordinator only to hand over to it at
+/// once would cost a takeover. The oldest member with the role never waits.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl CoordinatorDriver {
     pub(crate) fn new(ctx: Ctx, config: CoordinatorConfig) -> Self {
@@ -124,6 +142,7 @@ impl CoordinatorDriver {
             recovery: None,
             attempt: 0,
             published: None,
+            started: Instant::now(),
         }
     }
 
@@ -176,8 +195,21 @@ impl CoordinatorDriver {
 
     fn on_membership(&mut self) {
         let state = self.ctx.cluster.state();
-        let oldest = coordinator_node(&state);
-        if state.stopped.is_some() || oldest.as_ref() != Some(self.ctx.me()) {
+        let dir = &self.ctx.directory;
+        let oldest = coordinator_node(&state, self.ctx.role(), |n| {
+            dir.hosts(n, &self.ctx.type_name)
+        });
+        let me = self.ctx.me();
+        let settling = self.active.is_none()
+            && self.started.elapsed() < SETTLE
+            && state.self_member().is_some_and(|mine| {
+                state.members.iter().any(|m| {
+                    m.status == MemberStatus::Up
+                        && m.has_role(self.ctx.role())
+                        && m.age_key() < mine.age_key()
+                })
+            });
+        if state.stopped.is_some() || oldest.as_ref() != Some(me) || settling {
             if self.active.take().is_some() {
                 tracing::info!(entity_type = %self.ctx.type_name, "no longer the coordinator");
             }
@@ -221,12 +253,18 @@ impl CoordinatorDriver {
                     return; // not the coordinator (yet): the region retries
                 };
                 let input = match w {
-                    CoordWire::Region { from, msg } => {
+                    CoordWire::Region { from, mut msg } => {
                         // A region whose node this view does not hold yet registers later (it
                         // retries): a region absent from the membership counts as gone.
                         let state = self.ctx.cluster.state();
-                        if region_node(&from).is_none_or(|n| is_gone(&state, &n)) {
+                        let Some(node) = region_node(&from).filter(|n| !is_gone(&state, n)) else {
                             return;
+                        };
+                        // A node without the type's role never hosts it, whatever it says.
+                        if let ToCoordinator::Register { proxy, .. } = &mut msg {
+                            if !has_role(&state, &node, self.ctx.role()) {
+                                *proxy = true;
+                            }
                         }
                         Input::Message { from, msg }
                     }
@@ -262,7 +300,7 @@ impl CoordinatorDriver {
         let me = self.ctx.me().clone();
         let mut results = HashMap::new();
         results.insert(me.clone(), self.ctx.replicas.read(&self.ctx.type_name));
-        for node in quorum_members(state) {
+        for node in self.ctx.quorum(state) {
             if node == me {
                 continue;
             }
@@ -298,7 +336,7 @@ impl CoordinatorDriver {
     fn try_finish_recovery(&mut self) {
         let Some(r) = &self.recovery else { return };
         let state = self.ctx.cluster.state();
-        let members = quorum_members(&state);
+        let members = self.ctx.quorum(&state);
         let answered = r.results.keys().filter(|n| members.contains(n)).count();
         if answered < majority(members.len().max(1)) {
             return;
@@ -376,6 +414,9 @@ impl Active {
     }
 
     fn send(&mut self, ctx: &Ctx, to: &RegionId, msg: ToRegion) {
+        if let ToRegion::RegisterRefused { error, .. } = &msg {
+            tracing::error!(entity_type = %ctx.type_name, region = %to, "coordinator refused a region: {error}");
+        }
         let addr = region_addr(to);
         if addr == ctx.me().address {
             (ctx.local_region)(msg);
@@ -400,7 +441,7 @@ impl Active {
         let me = ctx.me().clone();
         let ack = ctx.replicas.write(&ctx.type_name, self.target.clone());
         let timeout = ctx.settings.replication_timeout;
-        for node in quorum_members(&ctx.cluster.state()) {
+        for node in ctx.quorum(&ctx.cluster.state()) {
             if node == me || self.acked.get(&node).copied().unwrap_or(0) >= self.target.version {
                 continue;
             }
@@ -474,7 +515,7 @@ impl Active {
         if self.fenced {
             return;
         }
-        let members = quorum_members(&ctx.cluster.state());
+        let members = ctx.quorum(&ctx.cluster.state());
         let need = majority(members.len().max(1));
         let mut versions: Vec<Version> = members
             .iter()

@@ -1,21 +1,49 @@
 //! What the sharding layer reads from a membership view.
 
 use shardik_cluster::member::{MemberStatus, UniqueAddress};
-use shardik_cluster::runtime::{oldest_up, ClusterState};
+use shardik_cluster::runtime::ClusterState;
 
-/// The node that runs the coordinators: the oldest `Up` member (the singleton rule).
-pub(crate) fn coordinator_node(state: &ClusterState) -> Option<UniqueAddress> {
-    oldest_up(&state.members, None).map(|m| m.node.clone())
+/// The node that runs the coordinator of a type: the oldest `Up` member (the singleton rule)
+/// among those with the type's `role` (if any) that host the type (`hosts`: started it and
+/// not as a proxy, as the type directory says). `None` while an older member's answer is
+/// unknown (`hosts` gives `None`): deciding then could pick two coordinators at once.
+pub(crate) fn coordinator_node(
+    state: &ClusterState,
+    role: Option<&str>,
+    hosts: impl Fn(&UniqueAddress) -> Option<bool>,
+) -> Option<UniqueAddress> {
+    let mut up: Vec<_> = state
+        .members
+        .iter()
+        .filter(|m| m.status == MemberStatus::Up && m.has_role(role))
+        .collect();
+    up.sort_by(|a, b| a.age_key().cmp(&b.age_key()));
+    for m in up {
+        match hosts(&m.node) {
+            Some(true) => return Some(m.node.clone()),
+            Some(false) => continue,
+            None => return None,
+        }
+    }
+    None
 }
 
-/// The members whose replicas count for a majority: `Up` and `Leaving` ones.
-pub(crate) fn quorum_members(state: &ClusterState) -> Vec<UniqueAddress> {
+/// The members whose replicas count for a majority: `Up` and `Leaving` ones with the type's
+/// `role` (if any).
+pub(crate) fn quorum_members(state: &ClusterState, role: Option<&str>) -> Vec<UniqueAddress> {
     state
         .members
         .iter()
-        .filter(|m| matches!(m.status, MemberStatus::Up | MemberStatus::Leaving))
+        .filter(|m| {
+            matches!(m.status, MemberStatus::Up | MemberStatus::Leaving) && m.has_role(role)
+        })
         .map(|m| m.node.clone())
         .collect()
+}
+
+/// Whether `node` is a member with `role` (any member if `None`).
+pub(crate) fn has_role(state: &ClusterState, node: &UniqueAddress, role: Option<&str>) -> bool {
+    state.member(node).is_some_and(|m| m.has_role(role))
 }
 
 /// A majority of `n`.
@@ -51,6 +79,55 @@ pub(crate) fn is_leaving(state: &ClusterState, node: &UniqueAddress) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use shardik_cluster::member::Member;
+
+    fn member(n: u64, up: u64, roles: &[&str]) -> Member {
+        Member {
+            node: UniqueAddress::new(format!("10.0.0.{n}:7000"), format!("n{n}"), 1),
+            status: MemberStatus::Up,
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+            up_number: Some(up),
+        }
+    }
+
+    fn state(members: Vec<Member>) -> ClusterState {
+        ClusterState {
+            self_node: members[0].node.clone(),
+            members,
+            unreachable: Default::default(),
+            leader: None,
+            stopped: None,
+        }
+    }
+
+    #[test]
+    fn coordinator_is_the_oldest_up_member_hosting_the_type_with_the_role() {
+        // n1 is the oldest, n2 next, n3 youngest (by up number, not address).
+        let s = state(vec![
+            member(1, 1, &["a"]),
+            member(2, 2, &["b"]),
+            member(3, 3, &["b"]),
+        ]);
+        let id = |n: u64| s.members[n as usize - 1].node.clone();
+        let all = |_: &UniqueAddress| Some(true);
+        assert_eq!(coordinator_node(&s, None, all), Some(id(1)));
+        // Role: only members with it count.
+        assert_eq!(coordinator_node(&s, Some("b"), all), Some(id(2)));
+        assert_eq!(coordinator_node(&s, Some("c"), all), None);
+        // A member that does not host the type is skipped...
+        let not_n1 = |n: &UniqueAddress| Some(n.node_id != "n1");
+        assert_eq!(coordinator_node(&s, None, not_n1), Some(id(2)));
+        // ...but one whose set is unknown blocks the choice (else two could be chosen).
+        let n1_unknown = |n: &UniqueAddress| (n.node_id != "n1").then_some(true);
+        assert_eq!(coordinator_node(&s, None, n1_unknown), None);
+        // Unknown younger members do not matter.
+        let n3_unknown = |n: &UniqueAddress| (n.node_id != "n3").then_some(true);
+        assert_eq!(coordinator_node(&s, None, n3_unknown), Some(id(1)));
+        // The quorum is the members with the role.
+        assert_eq!(quorum_members(&s, Some("b")), vec![id(2), id(3)]);
+        assert_eq!(quorum_members(&s, None).len(), 3);
+    }
 
     #[test]
     fn majority_of_n() {

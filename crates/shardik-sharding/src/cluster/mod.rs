@@ -50,7 +50,8 @@
 //!   connection's reader task, in arrival order. A driver task ticks the state machine, feeds
 //!   it `ShardStopped`, coordinator changes (the oldest `Up` member) and downed peers.
 //! * **Coordinator** (`coordinator.rs`): a task per entity type on every node; the one on the
-//!   oldest `Up` member (the singleton rule) reads the coordinator state from a majority of
+//!   oldest `Up` member that hosts the type (started it, not as a proxy, with the type's role
+//!   if any; known from the type directory, `directory.rs`) reads the coordinator state from a majority of
 //!   replicas, recovers a [`Coordinator`](crate::coordination::Coordinator) with the highest
 //!   epoch seen + 1, and drives it. Its messages to regions go on the control lane.
 //! * **Replica** (`replica.rs`): every node stores the latest coordinator state per type. Every
@@ -61,8 +62,11 @@
 //! How it works in more detail, the guarantees and what is not done yet: `docs/sharding.md` and
 //! the "Cluster sharding" section of `docs/semantics.md`.
 mod coordinator;
+mod directory;
 mod membership;
+mod proxy;
 mod region;
+mod remember;
 mod replica;
 mod settings;
 mod sharding;

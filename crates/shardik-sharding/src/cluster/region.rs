@@ -20,13 +20,16 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, watch};
 
 use super::coordinator::CoordEvent;
+use super::directory::Directory;
 use super::membership::{coordinator_node, is_gone};
+use super::remember::Remember;
 use super::wire::{
     coordinator_path, decoder, peer_path, region_addr, region_control_path, region_id, CoordWire,
     PeerWire,
 };
 use crate::coordination::{
-    Envelope, RegionAction, RegionConfig, RegionId, RegionInput, RegionState, SendError, ToRegion,
+    Envelope, RegionAction, RegionConfig, RegionId, RegionInput, RegionState, RegisterError,
+    SendError, ToRegion,
 };
 use crate::hash::ShardId;
 use crate::region::{RegionCore, ShardHost};
@@ -34,6 +37,28 @@ use crate::stats::RegionStats;
 
 enum RegionEvent {
     ShardStopped(ShardId),
+}
+
+/// Where this region stands with the coordinator of its type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Registration {
+    /// Not registered yet (no coordinator known, or no answer yet).
+    Pending,
+    /// The current coordinator acknowledged the registration.
+    Registered,
+    /// The coordinator refused the region: every send fails.
+    Refused(RegisterError),
+}
+
+/// How a region was started: hosting, or routing only.
+pub(crate) struct RegionRole {
+    /// Only members with this role host the type.
+    pub(crate) role: Option<String>,
+    /// Started as a proxy: never hosts.
+    pub(crate) proxy: bool,
+    pub(crate) directory: Arc<Directory>,
+    /// Remember entities (hosting regions only).
+    pub(crate) remember: Option<Arc<Remember>>,
 }
 
 struct Inner<M> {
@@ -58,6 +83,8 @@ pub(crate) struct ClusterRegion<M> {
     stopped: AtomicBool,
     joined: AtomicBool,
     leave_complete: watch::Sender<bool>,
+    registration: watch::Sender<Registration>,
+    placement: RegionRole,
 }
 
 impl<M> ClusterRegion<M>
@@ -65,6 +92,7 @@ where
     M: Serialize + DeserializeOwned + Send + 'static,
 {
     /// Starts the region: registers its two endpoints and spawns its driver task.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         type_name: &str,
         cluster: &Cluster,
@@ -73,6 +101,7 @@ where
         tick: std::time::Duration,
         local: Arc<dyn ShardHost<M>>,
         coordinator: mpsc::UnboundedSender<CoordEvent>,
+        placement: RegionRole,
     ) -> Arc<Self> {
         let self_id = region_id(cluster.self_node());
         let shard_count = config.shard_count;
@@ -97,6 +126,8 @@ where
             stopped: AtomicBool::new(false),
             joined: AtomicBool::new(false),
             leave_complete: watch::channel(false).0,
+            registration: watch::channel(Registration::Pending).0,
+            placement,
         });
         let remote = cluster.remote();
         let r = region.clone();
@@ -136,6 +167,25 @@ where
             _ => {}
         }
         self.handle_locked(&mut g, RegionInput::FromCoordinator(msg));
+        let now = if let Some(e) = g.state.refused() {
+            Registration::Refused(e.clone())
+        } else if g.state.is_registered() {
+            Registration::Registered
+        } else {
+            Registration::Pending
+        };
+        self.registration.send_if_modified(|r| {
+            let changed = *r != now && !matches!(r, Registration::Refused(_));
+            if changed {
+                *r = now;
+            }
+            changed
+        });
+    }
+
+    /// Where this region stands with the coordinator.
+    pub(crate) fn registration(&self) -> watch::Receiver<Registration> {
+        self.registration.subscribe()
     }
 
     /// Whether the coordinator told this region that all its shards are handed off.
@@ -207,6 +257,9 @@ where
                         payload,
                         ..
                     } = env;
+                    if let Some(r) = &self.placement.remember {
+                        r.delivered(shard, &entity_id);
+                    }
                     if self.local.deliver(shard, &entity_id, payload).is_err() {
                         self.dead_letter(&entity_id, "entity refused the message");
                     }
@@ -236,9 +289,15 @@ where
                 }
                 RegionAction::StartShard(shard) => {
                     tracing::debug!(entity_type = %self.type_name, shard, "hosting shard");
+                    if let Some(r) = &self.placement.remember {
+                        r.shard_started(shard);
+                    }
                 }
                 RegionAction::StopShard(shard) => {
                     tracing::debug!(entity_type = %self.type_name, shard, "stopping shard");
+                    if let Some(r) = &self.placement.remember {
+                        r.shard_stopped(shard);
+                    }
                     let tx = self.events.clone();
                     self.local.stop_shard(
                         shard,
@@ -255,7 +314,12 @@ where
                     self.dead_letter(&r.envelope.entity_id, "region buffer full");
                 }
                 RegionAction::Refused(e) => {
-                    tracing::error!(entity_type = %self.type_name, "region refused by the coordinator: {e}");
+                    tracing::error!(
+                        entity_type = %self.type_name,
+                        region = %self.self_id,
+                        "region refused by the coordinator: {e}; every message to this entity \
+                         type fails on this node"
+                    );
                 }
                 RegionAction::LeaveComplete => {
                     self.leave_complete.send_replace(true);
@@ -339,10 +403,22 @@ where
             self.node_stopped();
             return;
         }
-        let coord = coordinator_node(&state);
+        let role = self.placement.role.as_deref();
+        let dir = &self.placement.directory;
+        // The region's proxy flag depends on this node's roles: wait until it is a member.
+        let my_roles = state.self_member().map(|m| m.has_role(role));
+        let coord = match my_roles {
+            Some(_) => coordinator_node(&state, role, |n| dir.hosts(n, &self.type_name)),
+            None if role.is_some() => None,
+            None => coordinator_node(&state, role, |n| dir.hosts(n, &self.type_name)),
+        };
         let mut inputs = Vec::new();
         {
             let mut g = self.inner.lock();
+            let proxy = self.placement.proxy || my_roles == Some(false);
+            if proxy != g.state.is_proxy() {
+                g.state.set_proxy(proxy);
+            }
             if coord != g.coord {
                 g.coord_ref = coord.as_ref().filter(|n| *n != me).map(|n| {
                     self.cluster
@@ -388,6 +464,9 @@ where
         let hosted = self.inner.lock().state.hosted_shards();
         tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "cluster node stopped: stopping hosted shards");
         for shard in hosted {
+            if let Some(r) = &self.placement.remember {
+                r.shard_stopped(shard);
+            }
             self.local.stop_shard(shard, Box::new(|| {}));
         }
     }

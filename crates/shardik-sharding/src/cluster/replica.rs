@@ -7,13 +7,15 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use shardik_remote::Remote;
 
-use super::wire::{decoder, ReplicaAck, ReplicaReq, REPLICA_PATH};
+use super::wire::{decoder, EntitySet, ReplicaAck, ReplicaReq, REPLICA_PATH};
 use crate::coordination::CoordinatorState;
+use crate::hash::ShardId;
 
 /// The coordinator states this node holds, by entity type name.
 #[derive(Default)]
 pub(crate) struct ReplicaStore {
     states: Mutex<HashMap<String, CoordinatorState>>,
+    entities: Mutex<HashMap<(String, ShardId), EntitySet>>,
 }
 
 impl ReplicaStore {
@@ -42,6 +44,33 @@ impl ReplicaStore {
         self.states.lock().get(type_name).cloned()
     }
 
+    /// Stores the remembered entities of a shard unless the stored set has a higher stamp.
+    pub(crate) fn write_entities(&self, type_name: &str, shard: ShardId, set: EntitySet) {
+        let mut e = self.entities.lock();
+        let key = (type_name.to_string(), shard);
+        if e.get(&key).is_none_or(|cur| set.stamp >= cur.stamp) {
+            e.insert(key, set);
+        }
+    }
+
+    /// The remembered entities of a shard.
+    pub(crate) fn read_entities(&self, type_name: &str, shard: ShardId) -> Option<EntitySet> {
+        self.entities
+            .lock()
+            .get(&(type_name.to_string(), shard))
+            .cloned()
+    }
+
+    /// Every remembered entity id of a type this replica holds.
+    pub(crate) fn remembered(&self, type_name: &str) -> std::collections::BTreeSet<String> {
+        self.entities
+            .lock()
+            .iter()
+            .filter(|((t, _), _)| t == type_name)
+            .flat_map(|(_, s)| s.ids.iter().cloned())
+            .collect()
+    }
+
     /// Serves [`REPLICA_PATH`] on `remote`.
     pub(crate) fn serve(self: &Arc<Self>, remote: &Remote) {
         let me = self.clone();
@@ -54,6 +83,16 @@ impl ReplicaStore {
                     reply,
                 } => reply.reply(me.write(&type_name, state)),
                 ReplicaReq::Read { type_name, reply } => reply.reply(me.read(&type_name)),
+                ReplicaReq::WriteEntities {
+                    type_name,
+                    shard,
+                    set,
+                } => me.write_entities(&type_name, shard, set),
+                ReplicaReq::ReadEntities {
+                    type_name,
+                    shard,
+                    reply,
+                } => reply.reply(me.read_entities(&type_name, shard)),
             }),
         );
     }

@@ -29,6 +29,17 @@ pub struct ClusterShardingSettings {
     /// the winning side downs it); the margin covers the difference, like the singleton's.
     /// Default 2 s.
     pub down_margin: Duration,
+    /// Only members with this role host the type's shards (and run its coordinator and store
+    /// its coordinator-state replicas); a node without it that starts the type only routes to
+    /// it, like [`ClusterSharding::start_proxy`](super::ClusterSharding::start_proxy). Default
+    /// `None`: every member.
+    pub role: Option<String>,
+    /// Remember entities: the ids of the entities started in each shard are replicated to the
+    /// members (like the coordinator state), and when a shard gets a new home (rebalance,
+    /// leave, crash) its remembered entities are started there at once, without waiting for a
+    /// message; a crashed node's shards are reallocated at once for that. Ids are never
+    /// forgotten (a passivated entity is restarted on the shard's next home). Default `false`.
+    pub remember_entities: bool,
 }
 
 impl Default for ClusterShardingSettings {
@@ -42,6 +53,8 @@ impl Default for ClusterShardingSettings {
             buffer_limit: 10_000,
             replication_timeout: Duration::from_secs(2),
             down_margin: Duration::from_secs(2),
+            role: None,
+            remember_entities: false,
         }
     }
 }
@@ -59,6 +72,18 @@ impl ClusterShardingSettings {
         self
     }
 
+    /// Sets [`role`](Self::role): only members with `role` host the type.
+    pub fn role(mut self, role: impl Into<String>) -> Self {
+        self.role = Some(role.into());
+        self
+    }
+
+    /// Sets [`remember_entities`](Self::remember_entities).
+    pub fn remember_entities(mut self, on: bool) -> Self {
+        self.remember_entities = on;
+        self
+    }
+
     /// Sets [`buffer_limit`](Self::buffer_limit).
     pub fn buffer_limit(mut self, n: usize) -> Self {
         self.buffer_limit = n;
@@ -70,6 +95,7 @@ impl ClusterShardingSettings {
         c.rebalance_interval_ms = self.rebalance_interval.as_millis() as u64;
         c.handoff_ack_timeout_ms = self.handoff_ack_timeout.as_millis() as u64;
         c.handoff_stop_retry_ms = self.handoff_stop_retry.as_millis() as u64;
+        c.remember_shards = self.remember_entities;
         c
     }
 

@@ -13,16 +13,19 @@ use shardik_cluster::runtime::{Cluster, StopReason};
 use tokio::sync::{mpsc, watch};
 
 use super::coordinator::{CoordEvent, CoordinatorDriver, CoordinatorSnapshot, Ctx};
-use super::region::ClusterRegion;
+use super::directory::{Directory, TypeAd};
+use super::proxy::NoHost;
+use super::region::{ClusterRegion, RegionRole, Registration};
+use super::remember::Remember;
 use super::replica::ReplicaStore;
 use super::settings::ClusterShardingSettings;
 use super::wire::{coordinator_path, decoder};
-use crate::coordination::ToRegion;
+use crate::coordination::{RegisterError, ToRegion};
 use crate::entity::EntityType;
 use crate::error::ShardingError;
 use crate::handle::Region;
 use crate::hash::ShardId;
-use crate::region::LocalRegion;
+use crate::region::{LocalRegion, ShardHost};
 
 /// The type-erased face of one started entity type.
 trait StartedType: Send + Sync {
@@ -32,6 +35,8 @@ trait StartedType: Send + Sync {
     fn coordinator(&self) -> Option<CoordinatorSnapshot>;
     fn request_leave(&self);
     fn leave_complete(&self) -> watch::Receiver<bool>;
+    fn registration(&self) -> watch::Receiver<Registration>;
+    fn shard_count(&self) -> u32;
 }
 
 struct Started<M> {
@@ -62,11 +67,18 @@ where
     fn leave_complete(&self) -> watch::Receiver<bool> {
         self.region.leave_complete()
     }
+    fn registration(&self) -> watch::Receiver<Registration> {
+        self.region.registration()
+    }
+    fn shard_count(&self) -> u32 {
+        self.handle.shard_count()
+    }
 }
 
 struct Inner {
     cluster: Cluster,
     replicas: Arc<ReplicaStore>,
+    directory: Arc<Directory>,
     clock: Instant,
     types: Mutex<HashMap<String, Arc<dyn StartedType>>>,
 }
@@ -105,6 +117,7 @@ impl ClusterSharding {
                 inner: Arc::new(Inner {
                     cluster: cluster.clone(),
                     replicas,
+                    directory: Directory::start(cluster),
                     clock: Instant::now(),
                     types: Mutex::new(HashMap::new()),
                 }),
@@ -127,7 +140,10 @@ impl ClusterSharding {
         self.start_with(entity, ClusterShardingSettings::default())
     }
 
-    /// [`start`](Self::start) with explicit settings.
+    /// [`start`](Self::start) with explicit settings. With
+    /// [`role`](ClusterShardingSettings::role) set, a node without that role only routes to the
+    /// type (like [`start_proxy`](Self::start_proxy)); the coordinator of the type runs on the
+    /// oldest `Up` member that hosts it.
     pub fn start_with<A>(
         &self,
         entity: EntityType<A>,
@@ -138,15 +154,103 @@ impl ClusterSharding {
         A::Msg: Serialize + DeserializeOwned,
     {
         entity.validate()?;
-        let mut types = self.inner.types.lock();
         let name = entity.name().to_string();
+        let shard_count = entity.shards;
+        let mut types = self.inner.types.lock();
         if types.contains_key(&name) {
             return Err(ShardingError::AlreadyStarted(name));
         }
-        let shard_count = entity.shards;
-        let cluster = &self.inner.cluster;
-        let system = cluster.remote().system().clone();
+        let system = self.inner.cluster.remote().system().clone();
         let local = LocalRegion::start(&system, entity);
+        Ok(self.start_region(&mut types, name, shard_count, local, settings, false))
+    }
+
+    /// Starts entity type `type_name` on this node as a **proxy**: its region routes messages
+    /// to the nodes that host the type but never hosts a shard (no entity of the type ever runs
+    /// here, and this node never runs its coordinator). `shard_count` must be the hosting
+    /// nodes' count ([`EntityType::shards`], default [`DEFAULT_SHARDS`](crate::DEFAULT_SHARDS)).
+    ///
+    /// # Errors
+    /// [`ShardingError::AlreadyStarted`] if a type of that name runs already,
+    /// [`ShardingError::InvalidSettings`] for an empty name or a zero shard count.
+    pub fn start_proxy<M>(
+        &self,
+        type_name: &str,
+        shard_count: u32,
+    ) -> Result<Region<M>, ShardingError>
+    where
+        M: Serialize + DeserializeOwned + Send + 'static,
+    {
+        self.start_proxy_with(type_name, shard_count, ClusterShardingSettings::default())
+    }
+
+    /// [`start_proxy`](Self::start_proxy) with explicit settings (use the hosting nodes' role).
+    pub fn start_proxy_with<M>(
+        &self,
+        type_name: &str,
+        shard_count: u32,
+        settings: ClusterShardingSettings,
+    ) -> Result<Region<M>, ShardingError>
+    where
+        M: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let problem = if type_name.is_empty() {
+            Some("the type name is empty")
+        } else if shard_count == 0 {
+            Some("the shard count must be at least 1")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(ShardingError::InvalidSettings {
+                name: type_name.to_string(),
+                problem: problem.to_string(),
+            });
+        }
+        let mut types = self.inner.types.lock();
+        if types.contains_key(type_name) {
+            return Err(ShardingError::AlreadyStarted(type_name.to_string()));
+        }
+        let local = Arc::new(NoHost::<M> {
+            system: self.inner.cluster.remote().system().clone(),
+            type_name: type_name.to_string(),
+            shard_count,
+            _msg: std::marker::PhantomData,
+        });
+        Ok(self.start_region(
+            &mut types,
+            type_name.to_string(),
+            shard_count,
+            local,
+            settings,
+            true,
+        ))
+    }
+
+    fn start_region<M>(
+        &self,
+        types: &mut HashMap<String, Arc<dyn StartedType>>,
+        name: String,
+        shard_count: u32,
+        local: Arc<dyn ShardHost<M>>,
+        settings: ClusterShardingSettings,
+        proxy: bool,
+    ) -> Region<M>
+    where
+        M: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let cluster = &self.inner.cluster;
+        let remember = (settings.remember_entities && !proxy).then(|| {
+            let host = local.clone();
+            Remember::new(
+                &name,
+                cluster,
+                self.inner.replicas.clone(),
+                settings.role.clone(),
+                settings.replication_timeout,
+                Arc::new(move |shard: ShardId, id: &str| host.start_entity(shard, id)),
+            )
+        });
         let (coord_tx, coord_rx) = mpsc::unbounded_channel();
         let region = ClusterRegion::start(
             &name,
@@ -156,6 +260,12 @@ impl ClusterSharding {
             settings.tick,
             local,
             coord_tx.clone(),
+            RegionRole {
+                role: settings.role.clone(),
+                proxy,
+                directory: self.inner.directory.clone(),
+                remember,
+            },
         );
         let snapshot = Arc::new(Mutex::new(None));
         let r = region.clone();
@@ -163,6 +273,7 @@ impl ClusterSharding {
             type_name: name.clone(),
             cluster: cluster.clone(),
             replicas: self.inner.replicas.clone(),
+            directory: self.inner.directory.clone(),
             settings: settings.clone(),
             clock: self.inner.clock,
             events: coord_tx.clone(),
@@ -178,6 +289,9 @@ impl ClusterSharding {
         );
         let driver = CoordinatorDriver::new(ctx, settings.coordinator_config(shard_count));
         tokio::spawn(driver.run(coord_rx));
+        self.inner
+            .directory
+            .announce(&name, TypeAd { proxy, shard_count });
         let handle = Region::new(region.clone());
         types.insert(
             name,
@@ -187,7 +301,69 @@ impl ClusterSharding {
                 snapshot,
             }),
         );
-        Ok(handle)
+        handle
+    }
+
+    /// Waits until this node's region of `type_name` is registered with the type's
+    /// coordinator, up to `timeout`. A region the coordinator refused fails every message;
+    /// this says why.
+    ///
+    /// # Errors
+    /// [`ShardingError::ShardCountMismatch`] (naming both shard counts) if this node started
+    /// the type with another shard count than the coordinator's, [`ShardingError::Refused`]
+    /// if refused for another reason, [`ShardingError::NotRegistered`] if no answer came in
+    /// time, [`ShardingError::NotStarted`] if the type is not started here.
+    pub async fn wait_registered(
+        &self,
+        type_name: &str,
+        timeout: Duration,
+    ) -> Result<(), ShardingError> {
+        let t = self
+            .inner
+            .types
+            .lock()
+            .get(type_name)
+            .cloned()
+            .ok_or_else(|| ShardingError::NotStarted(type_name.to_string()))?;
+        let mut rx = t.registration();
+        let res = tokio::time::timeout(timeout, async {
+            loop {
+                let now = rx.borrow_and_update().clone();
+                if now != Registration::Pending {
+                    return now;
+                }
+                if rx.changed().await.is_err() {
+                    return Registration::Pending;
+                }
+            }
+        })
+        .await;
+        match res {
+            Ok(Registration::Registered) => Ok(()),
+            Ok(Registration::Refused(e)) => Err(refusal(type_name, t.shard_count(), e)),
+            Ok(Registration::Pending) | Err(_) => Err(ShardingError::NotRegistered {
+                name: type_name.to_string(),
+                timeout,
+            }),
+        }
+    }
+
+    /// The entity ids of `type_name` remembered in this node's replica (with
+    /// [`remember_entities`](ClusterShardingSettings::remember_entities); every id some node
+    /// wrote here, over all shards).
+    pub fn remembered_entities(&self, type_name: &str) -> BTreeSet<String> {
+        self.inner.replicas.remembered(type_name)
+    }
+
+    /// Why the coordinator refused this node's region of `type_name`, if it did (every
+    /// message to the type then fails on this node with `TellError::Stopped`).
+    pub fn refusal(&self, type_name: &str) -> Option<ShardingError> {
+        let t = self.inner.types.lock().get(type_name).cloned()?;
+        let r = t.registration().borrow().clone();
+        match r {
+            Registration::Refused(e) => Some(refusal(type_name, t.shard_count(), e)),
+            _ => None,
+        }
     }
 
     /// The region of a started entity type.
@@ -227,7 +403,8 @@ impl ClusterSharding {
         Some(t.hosted_shards())
     }
 
-    /// The coordinator of `type_name` if it runs on this node (the oldest `Up` member): its
+    /// The coordinator of `type_name` if it runs on this node (the oldest `Up` member that
+    /// hosts the type): its
     /// epoch, durable state (shard homes, regions) and running hand-offs.
     pub fn coordinator(&self, type_name: &str) -> Option<CoordinatorSnapshot> {
         let t = self.inner.types.lock().get(type_name).cloned()?;
@@ -258,5 +435,21 @@ impl ClusterSharding {
             tracing::warn!("cluster sharding: hand-offs not complete before leaving");
         }
         self.inner.cluster.leave().await
+    }
+}
+
+fn refusal(type_name: &str, this_node: u32, e: RegisterError) -> ShardingError {
+    match e {
+        RegisterError::ShardCountMismatch { coordinator, .. } => {
+            ShardingError::ShardCountMismatch {
+                name: type_name.to_string(),
+                coordinator,
+                this_node,
+            }
+        }
+        other => ShardingError::Refused {
+            name: type_name.to_string(),
+            reason: other.to_string(),
+        },
     }
 }

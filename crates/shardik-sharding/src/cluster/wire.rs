@@ -10,6 +10,7 @@ use shardik_cluster::member::UniqueAddress;
 use shardik_remote::{DecodeError, Decoder};
 
 use crate::coordination::{CoordinatorState, Epoch, PeerMsg, RegionId, ToCoordinator, Version};
+use crate::hash::ShardId;
 
 /// The replica endpoint, one per node for all entity types.
 pub(crate) const REPLICA_PATH: &str = "/system/sharding/replica";
@@ -82,6 +83,26 @@ pub(crate) enum ReplicaReq {
         type_name: String,
         reply: ReplyTo<Option<CoordinatorState>>,
     },
+    /// Store the remembered entities of a shard if `set` is newer than the stored one.
+    WriteEntities {
+        type_name: String,
+        shard: ShardId,
+        set: EntitySet,
+    },
+    /// The remembered entities of a shard, if any.
+    ReadEntities {
+        type_name: String,
+        shard: ShardId,
+        reply: ReplyTo<Option<EntitySet>>,
+    },
+}
+
+/// The remembered entity ids of one shard, stamped by (owner generation, write number): each
+/// new owner of the shard reads a majority, continues with a higher generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EntitySet {
+    pub(crate) stamp: (u64, u64),
+    pub(crate) ids: std::collections::BTreeSet<String>,
 }
 
 /// The answer to [`ReplicaReq::Write`]: whether it was stored, and the stored epoch/version.

@@ -253,6 +253,22 @@ impl<M> RegionState<M> {
         self.epoch
     }
 
+    /// Sets the proxy flag sent with the next `Register` (for an IO layer that learns it
+    /// late, e.g. from the node's roles). Meant to be set before the first registration.
+    pub fn set_proxy(&mut self, proxy: bool) {
+        self.config.proxy = proxy;
+    }
+
+    /// Whether this region is proxy-only (routes, never hosts).
+    pub fn is_proxy(&self) -> bool {
+        self.config.proxy
+    }
+
+    /// Why the coordinator refused this region, if it did (every send fails from then on).
+    pub fn refused(&self) -> Option<&RegisterError> {
+        self.refused.as_ref()
+    }
+
     /// Whether the current coordinator acknowledged the registration.
     pub fn is_registered(&self) -> bool {
         self.registered

@@ -234,6 +234,61 @@ pub async fn start_node_with(
     }
 }
 
+/// A member without any entity type started yet: joins through `seed` (or forms the
+/// cluster) with `roles`, waits until it is up, and gets its cluster sharding extension.
+pub async fn start_member(
+    id: &str,
+    seed: Option<&str>,
+    roles: &[&str],
+) -> (ActorSystem, Cluster, ClusterSharding) {
+    init_tracing();
+    let system = ActorSystem::new(id.to_string());
+    let mut c = config(id);
+    for r in roles {
+        c = c.role(*r);
+    }
+    if let Some(seed) = seed {
+        c = c.seed_nodes([seed.to_string()]);
+    }
+    let cluster = Cluster::start(&system, c).await.expect("cluster starts");
+    tokio::time::timeout(Duration::from_secs(15), cluster.when_up())
+        .await
+        .expect("up in time")
+        .expect("up");
+    let sharding = ClusterSharding::get(&cluster);
+    (system, cluster, sharding)
+}
+
+/// Starts the probe type (hosting) on `sharding` with `settings`.
+pub fn start_probe(
+    sharding: &ClusterSharding,
+    node: &str,
+    shards: u32,
+    reg: &Arc<Registry>,
+    settings: ClusterShardingSettings,
+) -> Region<Msg> {
+    let node = node.to_string();
+    let r = reg.clone();
+    sharding
+        .start_with(
+            EntityType::new(TYPE, move |eid: &str| Probe::new(eid, &node, &r)).shards(shards),
+            settings,
+        )
+        .expect("type starts")
+}
+
+/// Waits until the coordinator on `coord` has `n` regions registered, `proxies` of them
+/// proxy-only (no event reports it: polled).
+pub async fn registered_with_proxies(coord: &Node, n: usize, proxies: usize) {
+    poll("regions registered", Duration::from_secs(20), || {
+        coord.sharding.coordinator(TYPE).is_some_and(|c| {
+            c.state.regions.len() == n
+                && c.state.regions.values().filter(|i| i.proxy).count() == proxies
+        })
+    })
+    .await;
+}
+
 /// `n` nodes `n0..`: `n0` forms the cluster, the others join through it; returns once every
 /// node sees all of them `Up`.
 pub async fn cluster_of(n: usize, shards: u32, reg: &Arc<Registry>) -> Vec<Node> {

@@ -1,0 +1,156 @@
+//! Remember entities: the ids of started entities are replicated, and when a node crashes
+//! its shards are reallocated at once and their entities restart on the survivors without
+//! waiting for a message.
+
+mod cluster_util;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster_util::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_entities_restart_on_survivors_after_a_crash() {
+    let reg = Arc::new(Registry::default());
+    let remember = || settings().remember_entities(true);
+    let mut nodes = Vec::new();
+    let mut seed = None;
+    for i in 0..3 {
+        let name = format!("n{i}");
+        let m = start_member(&name, seed.as_deref(), &[]).await;
+        seed.get_or_insert_with(|| m.1.self_node().address.clone());
+        let region = start_probe(&m.2, &name, 12, &reg, remember());
+        nodes.push(Node {
+            system: m.0,
+            cluster: m.1,
+            sharding: m.2,
+            region,
+        });
+    }
+    all_up(&nodes).await;
+    registered(&nodes[0], 3).await;
+
+    let ids: Vec<String> = (0..30).map(|i| format!("e{i}")).collect();
+    let mut victims = Vec::new();
+    for id in &ids {
+        nodes[0].region.tell(id, Msg::Add { sender: 0, seq: 0 });
+        if where_is(&nodes[0], id).await == "n2" {
+            victims.push(id.clone());
+        }
+    }
+    assert!(!victims.is_empty(), "some entities on n2");
+    // The survivors' replicas hold every started id (no event reports it: polled).
+    let all: BTreeSet<String> = ids.iter().cloned().collect();
+    poll("ids remembered", Duration::from_secs(20), || {
+        nodes[..2]
+            .iter()
+            .all(|n| n.sharding.remembered_entities(TYPE).is_superset(&all))
+    })
+    .await;
+
+    nodes[2].crash().await;
+    region_dropped(&nodes[0], "n2").await;
+    // No message is sent: the crashed node's entities start again on the survivors.
+    poll(
+        "remembered entities restarted",
+        Duration::from_secs(20),
+        || {
+            let homes = reg.homes.lock();
+            victims.iter().all(|id| homes[id].len() == 2)
+        },
+    )
+    .await;
+    {
+        let homes = reg.homes.lock();
+        for id in &ids {
+            let h = &homes[id];
+            if victims.contains(id) {
+                assert!(h[1] == "n0" || h[1] == "n1", "{id} restarted on {}", h[1]);
+            } else {
+                assert_eq!(h.len(), 1, "{id} of a survivor moved: {h:?}");
+            }
+        }
+    }
+    // They answer where they now run, and the survivors host every shard.
+    for id in &victims {
+        let home = where_is(&nodes[1], id).await;
+        assert_ne!(home, "n2");
+    }
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
+/// A node joins: rebalance moves shards to it, and their remembered entities start there at
+/// once (after their old incarnations stopped), without a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_entities_follow_their_shard_on_rebalance() {
+    let reg = Arc::new(Registry::default());
+    let remember = || settings().remember_entities(true);
+    let mut nodes = Vec::new();
+    let mut seed = None;
+    for i in 0..2 {
+        let name = format!("n{i}");
+        let m = start_member(&name, seed.as_deref(), &[]).await;
+        seed.get_or_insert_with(|| m.1.self_node().address.clone());
+        let region = start_probe(&m.2, &name, 12, &reg, remember());
+        nodes.push(Node {
+            system: m.0,
+            cluster: m.1,
+            sharding: m.2,
+            region,
+        });
+    }
+    all_up(&nodes).await;
+    registered(&nodes[0], 2).await;
+    let ids: Vec<String> = (0..30).map(|i| format!("e{i}")).collect();
+    for id in &ids {
+        nodes[0].region.tell(id, Msg::Add { sender: 0, seq: 0 });
+        where_is(&nodes[0], id).await;
+    }
+    let all: BTreeSet<String> = ids.iter().cloned().collect();
+    poll("ids remembered", Duration::from_secs(20), || {
+        nodes
+            .iter()
+            .all(|n| n.sharding.remembered_entities(TYPE).is_superset(&all))
+    })
+    .await;
+
+    let seed = seed.unwrap();
+    let m = start_member("n2", Some(&seed), &[]).await;
+    let region = start_probe(&m.2, "n2", 12, &reg, remember());
+    nodes.push(Node {
+        system: m.0,
+        cluster: m.1,
+        sharding: m.2,
+        region,
+    });
+    all_up(&nodes).await;
+    // Balanced, no hand-off running (polled).
+    poll("balanced", Duration::from_secs(20), || {
+        let counts: Vec<usize> = nodes.iter().map(|n| n.hosted().len()).collect();
+        let total: usize = counts.iter().sum();
+        counts[2] > 0
+            && counts.iter().all(|c| *c <= total.div_ceil(3))
+            && nodes[0]
+                .sharding
+                .coordinator(TYPE)
+                .is_some_and(|c| c.handoffs == 0 && c.state.shards.len() == total)
+    })
+    .await;
+    let moved: Vec<&String> = ids
+        .iter()
+        .filter(|id| nodes[2].hosted().contains(&nodes[2].region.shard_of(id)))
+        .collect();
+    assert!(!moved.is_empty(), "some entities in shards moved to n2");
+    // Without a message, each of them runs on n2 (after its old incarnation stopped).
+    poll("moved entities restarted", Duration::from_secs(20), || {
+        let homes = reg.homes.lock();
+        moved
+            .iter()
+            .all(|id| homes[*id].len() == 2 && homes[*id][1] == "n2")
+    })
+    .await;
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
