@@ -166,11 +166,16 @@ struct HeaderRef<'a> {
     reply_ids: &'a [u64],
 }
 
+/// The header as read: strings borrowed from the frame, so each becomes one `Arc<str>`
+/// allocation (a `String` first would be two).
 #[derive(Deserialize)]
-struct HeaderOwned {
-    recipient: String,
-    sender: Option<String>,
-    type_tag: String,
+struct HeaderBorrowed<'a> {
+    #[serde(borrow)]
+    recipient: &'a str,
+    #[serde(borrow)]
+    sender: Option<&'a str>,
+    #[serde(borrow)]
+    type_tag: &'a str,
     reply_ids: Vec<u64>,
 }
 
@@ -325,14 +330,22 @@ impl Frame {
                         body.len()
                     )));
                 }
-                let header: HeaderOwned = compact(&body[..header_len])?;
+                let envelope = {
+                    let header: HeaderBorrowed<'_> =
+                        rmp_serde::from_slice(&body[..header_len])
+                            .map_err(|e| FrameError::Malformed(e.to_string()))?;
+                    Envelope {
+                        recipient: header.recipient.into(),
+                        sender: header.sender.map(Into::into),
+                        type_tag: header.type_tag.into(),
+                        reply_ids: header.reply_ids,
+                        payload: Bytes::new(),
+                    }
+                };
                 body.advance(header_len);
                 Ok(Frame::Message(Envelope {
-                    recipient: header.recipient.into(),
-                    sender: header.sender.map(Into::into),
-                    type_tag: header.type_tag.into(),
-                    reply_ids: header.reply_ids,
                     payload: body,
+                    ..envelope
                 }))
             }
             KIND_REPLY => {
