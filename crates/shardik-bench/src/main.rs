@@ -7,11 +7,13 @@
 //! cargo run --release -p shardik-bench -- remote           # two processes on loopback
 //! cargo run --release -p shardik-bench -- cluster          # failure detection, convergence
 //! cargo run --release -p shardik-bench -- persistence      # SQLite and PostgreSQL stores
+//! cargo run --release -p shardik-bench -- sharding         # cluster sharding, two processes
 //! ```
 //!
-//! Every suite is a subcommand with its own module (`local`, `remote`, `cluster` and
-//! `persistence`) and prints [`report::Record`]s, whose JSON form is the contract that
-//! tooling reads. Hidden subcommands (`probe-idle`, `remote-peer`, `cluster-peer`) are helpers
+//! Every suite is a subcommand with its own module (`local`, `remote`, `cluster`,
+//! `persistence` and `sharding`) and prints [`report::Record`]s, whose JSON form is the contract that
+//! tooling reads. Hidden subcommands (`probe-idle`, `remote-peer`, `cluster-peer`,
+//! `sharding-peer`) are helpers
 //! that a suite runs in a child process.
 #![warn(missing_docs)]
 
@@ -21,6 +23,7 @@ mod local;
 mod persistence;
 mod remote;
 mod report;
+mod sharding;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -52,6 +55,11 @@ enum Command {
     ClusterPeer(cluster::peer::PeerArgs),
     /// Event-sourced entities on SQLite and PostgreSQL: persisted events/s, recovery time.
     Persistence(SuiteOptions),
+    /// Cluster sharding over two processes: tell, ask, failover, rebalance, activation.
+    Sharding(SuiteOptions),
+    /// A child node of the `sharding` suite; run by the suite in a child process.
+    #[command(hide = true)]
+    ShardingPeer(sharding::peer::PeerArgs),
 }
 
 /// Options every suite takes.
@@ -98,6 +106,8 @@ fn main() {
         Command::Cluster(opts) => run_suite(&opts, cluster::run),
         Command::ClusterPeer(args) => cluster::peer::serve(&args),
         Command::Persistence(opts) => run_suite(&opts, persistence::run),
+        Command::Sharding(opts) => run_suite(&opts, sharding::run),
+        Command::ShardingPeer(args) => sharding::peer::serve(&args),
     }
 }
 

@@ -253,6 +253,12 @@ impl<A: Actor> LocalRegion<A> {
     /// Passivates every active entity of `shard`; true if it holds no incarnation.
     fn passivate_shard(&self, shard: ShardId) -> bool {
         let mut state = self.shards[shard as usize].lock();
+        // Called after every termination while a shard stops: only scan the shard when an
+        // entity is active again (restarted for buffered messages), so stopping k entities
+        // costs O(k), not O(k²).
+        if state.active() == 0 {
+            return state.is_empty();
+        }
         for id in state.idle_since(u64::MAX) {
             if state.passivate(&id) {
                 if let Some(lru) = &self.lru {

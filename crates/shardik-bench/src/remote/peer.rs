@@ -93,17 +93,7 @@ pub fn serve(args: &PeerArgs) {
             raw: raw.local_addr().expect("raw address").to_string(),
             raw_tls: raw_tls.local_addr().expect("raw TLS address").to_string(),
         };
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = raw.accept().await {
-                let _ = stream.set_nodelay(true);
-                let (r, w) = stream.into_split();
-                tokio::spawn(async move {
-                    if let Err(e) = super::raw::serve(r, w).await {
-                        eprintln!("[remote-peer] raw connection failed: {e}");
-                    }
-                });
-            }
-        });
+        super::raw::spawn_server(raw);
         tokio::spawn(async move {
             while let Ok((stream, _)) = raw_tls.accept().await {
                 let _ = stream.set_nodelay(true);

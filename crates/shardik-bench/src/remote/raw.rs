@@ -281,3 +281,65 @@ where
     }
     reader.await.expect("raw reader task")
 }
+
+/// Accepts raw connections on `listener` and serves each ([`serve`]) on its own task, for
+/// as long as the runtime runs (the peer processes of the `remote` and `sharding` suites).
+pub fn spawn_server(listener: tokio::net::TcpListener) {
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            let (r, w) = stream.into_split();
+            tokio::spawn(async move {
+                if let Err(e) = serve(r, w).await {
+                    eprintln!("[raw server] connection failed: {e}");
+                }
+            });
+        }
+    });
+}
+
+/// Closed-loop pipelining: `n` `ECHO` round trips with `in_flight` outstanding at all times;
+/// each read's worth of answers is replaced by as many new requests in one `write_all`.
+/// Returns round trips per second.
+pub async fn pipelined<R, W>(mut r: R, mut w: W, n: u64, in_flight: u64) -> f64
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let mut out = BytesMut::with_capacity(64 * 1024);
+    let mut buf = BytesMut::with_capacity(128 * 1024);
+    let mut issued = 0u64;
+    let mut answered = 0u64;
+    let request = |out: &mut BytesMut, i: u64| {
+        out.put_u32(9);
+        out.put_u8(ECHO);
+        out.put_u64(i);
+    };
+    while issued < n.min(in_flight) {
+        request(&mut out, issued);
+        issued += 1;
+    }
+    w.write_all(&out).await.expect("raw requests written");
+    out.clear();
+    while answered < n {
+        reserve(&mut buf);
+        if r.read_buf(&mut buf).await.expect("raw echoes read") == 0 {
+            panic!("raw server closed the connection");
+        }
+        while let Some(mut body) = cut(&mut buf) {
+            assert_eq!(body.get_u8(), ECHO);
+            let _ = body.get_u64();
+            answered += 1;
+            if issued < n {
+                request(&mut out, issued);
+                issued += 1;
+            }
+        }
+        if !out.is_empty() {
+            w.write_all(&out).await.expect("raw requests written");
+            out.clear();
+        }
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
