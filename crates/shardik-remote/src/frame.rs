@@ -331,9 +331,8 @@ impl Frame {
                     )));
                 }
                 let envelope = {
-                    let header: HeaderBorrowed<'_> =
-                        rmp_serde::from_slice(&body[..header_len])
-                            .map_err(|e| FrameError::Malformed(e.to_string()))?;
+                    let header: HeaderBorrowed<'_> = rmp_serde::from_slice(&body[..header_len])
+                        .map_err(|e| FrameError::Malformed(e.to_string()))?;
                     Envelope {
                         recipient: header.recipient.into(),
                         sender: header.sender.map(Into::into),

@@ -126,30 +126,11 @@ async fn coordinator_crash_recovers_replicated_state() {
 /// live incarnations of one id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_under_load_keeps_order_and_single_writer() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     let reg = Arc::new(Registry::default());
     let nodes = cluster_of(3, 12, &reg).await;
     let ids: Vec<String> = (0..20).map(|i| format!("e{i}")).collect();
     let before = placement(&nodes[0], &ids).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut senders = Vec::new();
-    for (sender, node) in [(0u32, 0usize), (1, 1)] {
-        let region = nodes[node].region.clone();
-        let ids = ids.clone();
-        let stop = stop.clone();
-        senders.push(tokio::spawn(async move {
-            let mut seq = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                for id in &ids {
-                    region.tell(id, Msg::Add { sender, seq });
-                }
-                seq += 1;
-                // Pacing of the stream, not a wait.
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            seq
-        }));
-    }
+    let streams = Streams::start(&nodes, &[(0, 0), (1, 1)], &ids);
     nodes[2].crash().await;
     let n2 = nodes[2].id().clone();
     for n in &nodes[..2] {
@@ -170,11 +151,7 @@ async fn crash_under_load_keeps_order_and_single_writer() {
         moved.iter().all(|id| homes[id.as_str()].len() == 2)
     })
     .await;
-    stop.store(true, Ordering::SeqCst);
-    let mut counts = Vec::new();
-    for s in senders {
-        counts.push(s.await.unwrap());
-    }
+    let counts = streams.stop().await;
     // Survivors' entities: everything, in order (a final ask per sender flushes the stream).
     for (i, n) in nodes[..2].iter().enumerate() {
         for id in &ids {

@@ -3,7 +3,7 @@
 
 mod cluster_util;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,25 +44,7 @@ async fn leave(leaver: usize) -> Vec<Node> {
         }
     }
     assert!(!on_leaver.is_empty(), "{name} hosts some entity");
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut senders = Vec::new();
-    for (sender, node) in [(0u32, others[0]), (1, others[1])] {
-        let region = nodes[node].region.clone();
-        let ids = ids.clone();
-        let stop = stop.clone();
-        senders.push(tokio::spawn(async move {
-            let mut seq = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                for id in &ids {
-                    region.tell(id, Msg::Add { sender, seq });
-                }
-                seq += 1;
-                // Pacing of the stream, not a wait.
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            seq
-        }));
-    }
+    let streams = Streams::start(&nodes, &[(0, others[0]), (1, others[1])], &ids);
     // Let the stream run into the leaver's entities, then leave.
     poll("stream reached the leaver", Duration::from_secs(10), || {
         reg.journal
@@ -90,11 +72,7 @@ async fn leave(leaver: usize) -> Vec<Node> {
         reg.adds.load(Ordering::SeqCst) > before + 200
     })
     .await;
-    stop.store(true, Ordering::SeqCst);
-    let mut counts = Vec::new();
-    for s in senders {
-        counts.push(s.await.unwrap());
-    }
+    let counts = streams.stop().await;
     await_streams(&reg, &ids, &counts).await;
     for id in &on_leaver {
         let homes = reg.homes.lock()[id].clone();
@@ -121,25 +99,7 @@ async fn plain_cluster_leave_keeps_single_writer() {
     for id in &ids {
         where_is(&nodes[0], id).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut senders = Vec::new();
-    for (sender, node) in [(0u32, 0usize), (1, 1)] {
-        let region = nodes[node].region.clone();
-        let ids = ids.clone();
-        let stop = stop.clone();
-        senders.push(tokio::spawn(async move {
-            let mut seq = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                for id in &ids {
-                    region.tell(id, Msg::Add { sender, seq });
-                }
-                seq += 1;
-                // Pacing of the stream, not a wait.
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            seq
-        }));
-    }
+    let streams = Streams::start(&nodes, &[(0, 0), (1, 1)], &ids);
     assert_eq!(nodes[2].cluster.leave().await, StopReason::Left);
     let gone = nodes[2].id().clone();
     wait_state(&nodes[0].cluster, "n2 removed", |s| {
@@ -147,24 +107,10 @@ async fn plain_cluster_leave_keeps_single_writer() {
     })
     .await;
     region_dropped(&nodes[0], "n2").await;
-    stop.store(true, Ordering::SeqCst);
-    for s in senders {
-        s.await.unwrap();
-    }
+    streams.stop().await;
     for id in &ids {
         where_is(&nodes[1], id).await;
-        let journal = reg.journal.lock();
-        for s in 0..2u32 {
-            let seqs: Vec<u64> = journal[id]
-                .iter()
-                .filter(|(x, _)| *x == s)
-                .map(|(_, q)| *q)
-                .collect();
-            assert!(
-                seqs.windows(2).all(|w| w[0] < w[1]),
-                "{id} from sender {s}: duplicated or out of order"
-            );
-        }
+        reg.assert_ordered(id, &[0, 1]);
     }
     assert!(nodes[2].hosted().is_empty());
     reg.assert_single_writer();

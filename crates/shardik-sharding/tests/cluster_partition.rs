@@ -5,7 +5,6 @@
 
 mod cluster_util;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,25 +25,7 @@ async fn isolated_node_stops_its_entities_before_the_majority_restarts_them() {
         }
     }
     assert!(!on_n2.is_empty());
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut senders = Vec::new();
-    for (sender, node) in [(0u32, 0usize), (1, 1), (2, 2)] {
-        let region = nodes[node].region.clone();
-        let ids = ids.clone();
-        let stop = stop.clone();
-        senders.push(tokio::spawn(async move {
-            let mut seq = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                for id in &ids {
-                    region.tell(id, Msg::Add { sender, seq });
-                }
-                seq += 1;
-                // Pacing of the stream, not a wait.
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            seq
-        }));
-    }
+    let streams = Streams::start(&nodes, &[(0, 0), (1, 1), (2, 2)], &ids);
     for other in ["n0", "n1"] {
         faults.cut_both("n2", other);
     }
@@ -67,24 +48,10 @@ async fn isolated_node_stops_its_entities_before_the_majority_restarts_them() {
         },
     )
     .await;
-    stop.store(true, Ordering::SeqCst);
-    for s in senders {
-        s.await.unwrap();
-    }
+    streams.stop().await;
     for id in &ids {
         where_is(&nodes[0], id).await;
-        let journal = reg.journal.lock();
-        for s in 0..3u32 {
-            let seqs: Vec<u64> = journal[id]
-                .iter()
-                .filter(|(x, _)| *x == s)
-                .map(|(_, q)| *q)
-                .collect();
-            assert!(
-                seqs.windows(2).all(|w| w[0] < w[1]),
-                "{id} from sender {s}: duplicated or out of order"
-            );
-        }
+        reg.assert_ordered(id, &[0, 1, 2]);
     }
     assert!(
         nodes[2].hosted().is_empty(),

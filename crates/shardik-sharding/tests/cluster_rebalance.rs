@@ -4,7 +4,6 @@
 
 mod cluster_util;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,25 +20,7 @@ async fn join_rebalances_without_loss_or_reordering() {
     for id in &ids {
         where_is(&nodes[0], id).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut senders = Vec::new();
-    for (sender, node) in [(0u32, 0usize), (1, 1)] {
-        let region = nodes[node].region.clone();
-        let ids = ids.clone();
-        let stop = stop.clone();
-        senders.push(tokio::spawn(async move {
-            let mut seq = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                for id in &ids {
-                    region.tell(id, Msg::Add { sender, seq });
-                }
-                seq += 1;
-                // Pacing of the stream, not a wait.
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            seq
-        }));
-    }
+    let streams = Streams::start(&nodes, &[(0, 0), (1, 1)], &ids);
     let seed = nodes[0].id().address.clone();
     nodes.push(start_node("n3", Some(&seed), 12, &reg).await);
     all_up(&nodes).await;
@@ -54,11 +35,7 @@ async fn join_rebalances_without_loss_or_reordering() {
             && snap.is_some_and(|s| s.handoffs == 0 && s.state.shards.len() == total)
     })
     .await;
-    stop.store(true, Ordering::SeqCst);
-    let mut counts = Vec::new();
-    for s in senders {
-        counts.push(s.await.unwrap());
-    }
+    let counts = streams.stop().await;
     await_streams(&reg, &ids, &counts).await;
     reg.assert_single_writer();
     let moved = reg.homes.lock().values().filter(|h| h.len() > 1).count();

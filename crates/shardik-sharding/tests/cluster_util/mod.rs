@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,6 +83,24 @@ impl Registry {
     /// Live incarnations now, over all ids.
     pub fn live_total(&self) -> usize {
         self.live.lock().values().sum()
+    }
+
+    /// Checks that what `id` handled from each sender in `senders` is in order without
+    /// duplicates (a prefix may be missing where messages died with a node).
+    pub fn assert_ordered(&self, id: &str, senders: &[u32]) {
+        let journal = self.journal.lock();
+        let got = journal.get(id).cloned().unwrap_or_default();
+        for s in senders {
+            let seqs: Vec<u64> = got
+                .iter()
+                .filter(|(x, _)| x == s)
+                .map(|(_, q)| *q)
+                .collect();
+            assert!(
+                seqs.windows(2).all(|w| w[0] < w[1]),
+                "{id} from sender {s}: duplicated or out of order"
+            );
+        }
     }
 
     /// Checks that `id` handled exactly `0..n` from each sender in `senders`, in order.
@@ -423,5 +441,50 @@ pub async fn stop_all(nodes: &[Node]) {
             n.cluster.shutdown().await;
         }
         n.system.shutdown().await;
+    }
+}
+
+/// Senders streaming `Msg::Add { sender, seq }` (seq 0, 1, ...) to every id, each through the
+/// region of its node, until [`stop`](Streams::stop).
+pub struct Streams {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<u64>>,
+}
+
+impl Streams {
+    /// Starts one sender per `(sender, node index)`.
+    pub fn start(nodes: &[Node], senders: &[(u32, usize)], ids: &[String]) -> Streams {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = senders
+            .iter()
+            .map(|&(sender, node)| {
+                let region = nodes[node].region.clone();
+                let ids = ids.to_vec();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let mut seq = 0u64;
+                    while !stop.load(Ordering::SeqCst) {
+                        for id in &ids {
+                            region.tell(id, Msg::Add { sender, seq });
+                        }
+                        seq += 1;
+                        // Pacing of the stream, not a wait.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    seq
+                })
+            })
+            .collect();
+        Streams { stop, tasks }
+    }
+
+    /// Stops the senders; returns how many messages each sent per id, in start order.
+    pub async fn stop(self) -> Vec<u64> {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut counts = Vec::new();
+        for t in self.tasks {
+            counts.push(t.await.expect("sender task"));
+        }
+        counts
     }
 }
