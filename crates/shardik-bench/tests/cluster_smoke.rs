@@ -3,39 +3,15 @@
 //! line is a well-formed record of the JSON contract. It checks the plumbing, never
 //! performance.
 
-use std::process::Command;
+mod common;
 
-use serde_json::Value;
-
-const FIELDS: [&str; 7] = [
-    "suite", "bench", "value", "baseline", "ratio", "unit", "better",
-];
+use common::{check, names, run};
 
 #[test]
 fn quick_cluster_suite_prints_well_formed_records() {
-    let out = Command::new(env!("CARGO_BIN_EXE_shardik-bench"))
-        .args(["cluster", "--quick", "--json", "--filter", "3nodes"])
-        .output()
-        .expect("the benchmark binary runs");
-    assert!(
-        out.status.success(),
-        "shardik-bench cluster failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("utf-8 output");
-    let records: Vec<Value> = stdout
-        .lines()
-        .map(|line| {
-            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"))
-        })
-        .collect();
-    let names: Vec<&str> = records
-        .iter()
-        .map(|r| r["bench"].as_str().expect("bench is a string"))
-        .collect();
+    let records = run(&["cluster", "--quick", "--json", "--filter", "3nodes"]);
     assert_eq!(
-        names,
+        names(&records),
         [
             "cluster_unreachable_after_sigkill_3nodes_s",
             "cluster_down_after_sigkill_3nodes_s",
@@ -43,16 +19,8 @@ fn quick_cluster_suite_prints_well_formed_records() {
         ]
     );
     for r in &records {
-        let object = r.as_object().expect("a record is a JSON object");
-        for field in FIELDS {
-            assert!(object.contains_key(field), "{field} missing in {r}");
-        }
-        assert_eq!(object.len(), FIELDS.len(), "unexpected fields in {r}");
-        assert_eq!(r["suite"], "cluster");
+        check(r, "cluster");
         assert_eq!(r["unit"], "s");
         assert_eq!(r["better"], "lower");
-        let value = r["value"].as_f64().expect("value is a number");
-        assert!(value >= 0.0 && value.is_finite(), "{r}");
-        assert!(r["baseline"].as_f64().is_some_and(|b| b > 0.0), "{r}");
     }
 }

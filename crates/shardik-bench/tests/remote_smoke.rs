@@ -3,13 +3,9 @@
 //! benchmark ran. It checks the plumbing (child process, nodes, raw lanes, TLS), never
 //! performance.
 
-use std::process::Command;
+mod common;
 
-use serde_json::Value;
-
-const FIELDS: [&str; 7] = [
-    "suite", "bench", "value", "baseline", "ratio", "unit", "better",
-];
+use common::{check, names, run};
 
 const EXPECTED: [&str; 15] = [
     "remote_tell_1pair_msgs_per_s",
@@ -30,64 +26,13 @@ const EXPECTED: [&str; 15] = [
     "tls",
 ];
 
-fn run(args: &[&str]) -> Vec<Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_shardik-bench"))
-        .args(args)
-        .output()
-        .expect("the benchmark binary runs");
-    assert!(
-        out.status.success(),
-        "shardik-bench {args:?} failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("utf-8 output");
-    stdout
-        .lines()
-        .map(|line| {
-            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"))
-        })
-        .collect()
-}
-
-fn check(record: &Value) {
-    let object = record.as_object().expect("a record is a JSON object");
-    for field in FIELDS {
-        assert!(object.contains_key(field), "{field} missing in {record}");
-    }
-    assert_eq!(object.len(), FIELDS.len(), "unexpected fields in {record}");
-    assert_eq!(record["suite"], "remote");
-    assert!(record["bench"].as_str().is_some_and(|b| !b.is_empty()));
-    assert!(record["unit"].as_str().is_some_and(|u| !u.is_empty()));
-    let number = |f: &str| {
-        let x = record[f]
-            .as_f64()
-            .unwrap_or_else(|| panic!("{f} is not a number in {record}"));
-        assert!(x.is_finite() && x > 0.0, "{f} = {x} in {record}");
-        x
-    };
-    let (value, baseline, ratio) = (number("value"), number("baseline"), number("ratio"));
-    let expected = match record["better"].as_str() {
-        Some("higher") => value / baseline,
-        Some("lower") => baseline / value,
-        other => panic!("better is {other:?} in {record}"),
-    };
-    assert!(
-        (ratio - expected).abs() <= 1e-9 * expected.abs().max(1.0),
-        "ratio {ratio} does not match value and baseline in {record}"
-    );
-}
-
 #[test]
 fn quick_remote_suite_prints_well_formed_records() {
     let records = run(&["remote", "--quick", "--json"]);
     for record in &records {
-        check(record);
+        check(record, "remote");
     }
-    let names: Vec<&str> = records
-        .iter()
-        .map(|r| r["bench"].as_str().unwrap())
-        .collect();
+    let names = names(&records);
     for name in EXPECTED {
         assert!(
             names.iter().any(|n| n.contains(name)),
@@ -108,6 +53,6 @@ fn remote_filter_selects_one_rate() {
         "10k_per_s_p99",
     ]);
     assert_eq!(records.len(), 1, "{records:?}");
-    check(&records[0]);
+    check(&records[0], "remote");
     assert_eq!(records[0]["bench"], "remote_ask_10k_per_s_p99_us");
 }
