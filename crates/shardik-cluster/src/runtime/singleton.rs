@@ -51,7 +51,7 @@
 //! **Crash** of the host: it stays the oldest `Up` member while it is only unreachable (no
 //! second instance is started on a suspicion); once the split brain resolver marked it `Down`,
 //! the next oldest starts a new instance [`down_margin`](SingletonSettings::down_margin)
-//! (2 s) later. The instance's state is lost with the crashed node (persist it, e.g. with
+//! (4 s) later. The instance's state is lost with the crashed node (persist it, e.g. with
 //! shardik-persistence, if it matters). The margin is for partitions: the `Down` member may be
 //! alive on the losing side, whose split brain resolver downs itself after the same
 //! `stable_after` and stops its instance; the margin covers the difference between the two
@@ -188,7 +188,7 @@ pub struct SingletonSettings {
 impl SingletonSettings {
     /// A singleton named `name` (unique among the singletons of the cluster), on any member,
     /// with a buffer of 1 000 messages, announced every 500 ms, a removal timeout of 5 s and a
-    /// down margin of 2 s.
+    /// down margin of 4 s.
     pub fn new(name: impl Into<String>) -> Self {
         SingletonSettings {
             name: name.into(),
@@ -196,7 +196,7 @@ impl SingletonSettings {
             buffer_size: 1000,
             announce_interval: Duration::from_millis(500),
             removal_timeout: Duration::from_secs(5),
-            down_margin: Duration::from_secs(2),
+            down_margin: Duration::from_secs(4),
         }
     }
 
@@ -229,7 +229,8 @@ impl SingletonSettings {
     /// How long after an older member with the role was marked `Down` it still blocks the
     /// start of a new instance (unless it confirmed that it runs none). Covers a `Down` member
     /// that is alive on the losing side of a partition until its own split brain resolver
-    /// stops it, which happens after the same `stable_after` give or take a gossip round.
+    /// stops it, which happens after the same `stable_after` plus the skew between the two
+    /// sides' failure detection (default 4 s).
     /// Use at least the cluster's `stable_after` when partitions matter more than failover
     /// time; zero starts the new instance as soon as the old host is `Down`.
     pub fn down_margin(mut self, margin: Duration) -> Self {
