@@ -131,6 +131,51 @@ impl Countdown {
     }
 }
 
+/// What a benchmark of a two-process suite gets: options, sizes, the runtime, and the suite's
+/// set-up (child process, nodes), started by `start` on first use.
+pub struct SuiteCtx<S, N> {
+    /// The suite options.
+    pub opts: crate::SuiteOptions,
+    /// Problem sizes.
+    pub sizes: S,
+    /// The multi-threaded runtime (2 workers) this side runs on.
+    pub rt: tokio::runtime::Runtime,
+    net: std::sync::OnceLock<N>,
+    start: fn(&tokio::runtime::Runtime) -> N,
+}
+
+impl<S, N> SuiteCtx<S, N> {
+    /// A context on a fresh [`runtime`] whose set-up `start` runs on first use.
+    pub fn new(
+        opts: &crate::SuiteOptions,
+        sizes: S,
+        start: fn(&tokio::runtime::Runtime) -> N,
+    ) -> Self {
+        SuiteCtx {
+            opts: opts.clone(),
+            sizes,
+            rt: runtime(),
+            net: std::sync::OnceLock::new(),
+            start,
+        }
+    }
+
+    /// Alternates the contenders with the suite's warm-up and rounds.
+    pub fn alternate(&self, contenders: &mut [Contender<'_>]) -> Vec<Vec<f64>> {
+        alternate(contenders, self.opts.warmup(), self.opts.rounds())
+    }
+
+    /// The suite's set-up, started on first use.
+    pub fn net(&self) -> &N {
+        self.net.get_or_init(|| (self.start)(&self.rt))
+    }
+
+    /// Takes the set-up (if it was started) and the runtime, to shut both down.
+    pub fn into_parts(self) -> (Option<N>, tokio::runtime::Runtime) {
+        (self.net.into_inner(), self.rt)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

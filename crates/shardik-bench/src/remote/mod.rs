@@ -28,7 +28,6 @@ pub mod tls;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -150,27 +149,7 @@ pub struct Net {
 }
 
 /// What a benchmark gets: options, sizes, the runtime and the two-process set-up.
-pub struct Ctx {
-    /// The suite options.
-    pub opts: SuiteOptions,
-    /// Problem sizes.
-    pub sizes: Sizes,
-    /// The multi-threaded runtime (2 workers) this side runs on.
-    pub rt: tokio::runtime::Runtime,
-    net: OnceLock<Net>,
-}
-
-impl Ctx {
-    /// Alternates the contenders with the suite's warm-up and rounds.
-    pub fn alternate(&self, contenders: &mut [crate::harness::Contender<'_>]) -> Vec<Vec<f64>> {
-        crate::harness::alternate(contenders, self.opts.warmup(), self.opts.rounds())
-    }
-
-    /// The child process and the local nodes, started (and connected) on first use.
-    pub fn net(&self) -> &Net {
-        self.net.get_or_init(|| start_net(&self.rt))
-    }
-}
+pub type Ctx = crate::harness::SuiteCtx<Sizes, Net>;
 
 /// The receiving child process; closing its stdin (on drop) makes it exit.
 pub struct PeerProcess {
@@ -300,12 +279,7 @@ fn benches() -> Vec<Bench> {
 
 /// Runs the selected benchmarks of the suite, handing each record to `emit` as it is ready.
 pub fn run(opts: &SuiteOptions, emit: &mut dyn FnMut(Record)) {
-    let ctx = Ctx {
-        opts: opts.clone(),
-        sizes: Sizes::for_options(opts),
-        rt: crate::harness::runtime(),
-        net: OnceLock::new(),
-    };
+    let ctx = Ctx::new(opts, Sizes::for_options(opts), start_net);
     let suite_start = Instant::now();
     for bench in benches() {
         if !bench.records.iter().any(|name| opts.selects(name)) {
@@ -321,8 +295,9 @@ pub fn run(opts: &SuiteOptions, emit: &mut dyn FnMut(Record)) {
             }
         }
     }
-    if let Some(net) = ctx.net.into_inner() {
-        ctx.rt.block_on(async {
+    let (net, rt) = ctx.into_parts();
+    if let Some(net) = net {
+        rt.block_on(async {
             net.node.shutdown().await;
             net.tls_node.shutdown().await;
         });

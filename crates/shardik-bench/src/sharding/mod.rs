@@ -34,7 +34,6 @@ pub mod traffic;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use shardik::prelude::*;
@@ -210,27 +209,7 @@ pub struct Net {
 }
 
 /// What a benchmark gets: options, sizes, the runtime and the two-process set-up.
-pub struct Ctx {
-    /// The suite options.
-    pub opts: SuiteOptions,
-    /// Problem sizes.
-    pub sizes: Sizes,
-    /// The multi-threaded runtime (2 workers) this side runs on.
-    pub rt: tokio::runtime::Runtime,
-    net: OnceLock<Net>,
-}
-
-impl Ctx {
-    /// Alternates the contenders with the suite's warm-up and rounds.
-    pub fn alternate(&self, contenders: &mut [crate::harness::Contender<'_>]) -> Vec<Vec<f64>> {
-        crate::harness::alternate(contenders, self.opts.warmup(), self.opts.rounds())
-    }
-
-    /// The two-node set-up, started on first use.
-    pub fn net(&self) -> &Net {
-        self.net.get_or_init(|| start_net(&self.rt))
-    }
-}
+pub type Ctx = crate::harness::SuiteCtx<Sizes, Net>;
 
 /// Waits until the coordinator of the account type on `cluster`'s node (the oldest) has `n`
 /// regions registered, so the first allocations spread over every node.
@@ -367,12 +346,7 @@ pub const TARGETS: &[(&str, f64, bool)] = &[
 
 /// Runs the selected benchmarks of the suite, handing each record to `emit` as it is ready.
 pub fn run(opts: &SuiteOptions, emit: &mut dyn FnMut(Record)) {
-    let ctx = Ctx {
-        opts: opts.clone(),
-        sizes: Sizes::for_options(opts),
-        rt: crate::harness::runtime(),
-        net: OnceLock::new(),
-    };
+    let ctx = Ctx::new(opts, Sizes::for_options(opts), start_net);
     let suite_start = Instant::now();
     let mut targets = Vec::new();
     for bench in benches() {
@@ -409,7 +383,8 @@ pub fn run(opts: &SuiteOptions, emit: &mut dyn FnMut(Record)) {
             }
         }
     }
-    if let Some(net) = ctx.net.into_inner() {
+    let (net, rt) = ctx.into_parts();
+    if let Some(net) = net {
         let Net {
             peer,
             system,
@@ -419,7 +394,7 @@ pub fn run(opts: &SuiteOptions, emit: &mut dyn FnMut(Record)) {
         } = net;
         drop(region);
         drop(peer);
-        ctx.rt.block_on(async {
+        rt.block_on(async {
             cluster.shutdown().await;
             system.shutdown().await;
         });
