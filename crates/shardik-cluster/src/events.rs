@@ -33,6 +33,12 @@ pub enum ClusterEvent {
     Reachable(UniqueAddress),
     /// The leader changed (`None`: no leader).
     LeaderChanged(Option<UniqueAddress>),
+    /// This node is fenced: on its view the split brain resolver would down it, so what must
+    /// never run twice (shard hosting, singletons) stops here now (see
+    /// [`MembershipNode::is_fenced`](crate::node::MembershipNode::is_fenced)).
+    Fenced,
+    /// This node is no longer fenced.
+    Unfenced,
 }
 
 /// The events that take `old` to `new`, as `self_node` sees them.

@@ -3,8 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::downing::{decide, DowningConfig, StabilityTimer};
-use crate::events::diff;
+use crate::downing::{decide, DowningConfig, StabilityTimer, Strategy};
+use crate::events::{diff, ClusterEvent};
 use crate::gossip::{Gossip, Received};
 use crate::leader::leader_actions;
 use crate::member::{MemberStatus, UniqueAddress};
@@ -29,6 +29,13 @@ pub struct NodeConfig {
     pub monitored_by: usize,
     /// The split brain resolver's settings.
     pub downing: DowningConfig,
+    /// A watched peer silent for this long counts as lost for fencing (see
+    /// [`MembershipNode::is_fenced`]), even before the failure detector flags it. Keep it
+    /// below the detector's earliest suspicion (about `acceptable_heartbeat_pause` plus the
+    /// heartbeat interval) so that the losing side of a partition is fenced before the
+    /// winning side can even start its `stable_after`. Default 1.5 s; the cluster runtime uses
+    /// its detector's `acceptable_heartbeat_pause`.
+    pub fence_after: Duration,
     /// Move joining members to `WeaklyUp` after this long without convergence (`None`: never).
     pub weakly_up_after: Option<Duration>,
     /// How long the first node of the seed list waits for another seed to answer its join
@@ -54,6 +61,7 @@ impl NodeConfig {
             },
             monitored_by: 9,
             downing: DowningConfig::default(),
+            fence_after: Duration::from_millis(1500),
             weakly_up_after: Some(Duration::from_secs(7)),
             seed_node_timeout: Duration::from_secs(5),
         }
@@ -80,6 +88,17 @@ pub struct MembershipNode {
     not_converged_since: Option<u64>,
     was_member: bool,
     shut_down: bool,
+    fence: Fence,
+}
+
+/// Whether this node is fenced: on the side of a partition that would lose (see
+/// [`MembershipNode::is_fenced`]).
+#[derive(Debug, Default)]
+struct Fence {
+    /// Fenced now.
+    active: bool,
+    /// Members whose gossip arrived since the losing picture went away (while `active`).
+    heard: BTreeSet<UniqueAddress>,
 }
 
 impl MembershipNode {
@@ -99,6 +118,7 @@ impl MembershipNode {
             not_converged_since: None,
             was_member: false,
             shut_down: false,
+            fence: Fence::default(),
         }
     }
 
@@ -120,6 +140,23 @@ impl MembershipNode {
     /// `true` once the node has asked to be shut down.
     pub fn is_shut_down(&self) -> bool {
         self.shut_down
+    }
+
+    /// Whether this node is **fenced**: what must never run twice in the cluster (shard
+    /// hosting, singletons) must not run here now.
+    ///
+    /// A node is fenced as soon as its current view is one on which the split brain resolver
+    /// would down it: the resolver's decision evaluated without waiting for `stable_after`,
+    /// with the watched peers silent for [`NodeConfig::fence_after`] counted as unreachable
+    /// (so the losing side of a partition stops about when it could first suspect the other
+    /// side, `stable_after` before the winning side can even decide), or, when the ring makes it watch only some of the
+    /// members (more than [`NodeConfig::monitored_by`]), once it lost more than half of the
+    /// peers it watches (its own view then cannot show that it is cut off from most of the
+    /// cluster). It stays fenced until that picture is gone **and** gossip arrived from a
+    /// majority of the live members: a decision that downed it meanwhile reaches it before
+    /// it runs anything again. A `Down` node stays fenced.
+    pub fn is_fenced(&self) -> bool {
+        self.fence.active || matches!(self.status(), Some(MemberStatus::Down))
     }
 
     /// The peers whose heartbeats this node checks.
@@ -279,6 +316,9 @@ impl MembershipNode {
         if remote.member(&me).is_none() && !remote.tombstones().contains(&me) {
             return; // the sender does not know us yet; it will
         }
+        if self.fence.active {
+            self.fence.heard.insert(from.clone());
+        }
         let sender_saw_us = remote.has_seen(&me);
         let outcome = self.gossip.receive(&remote, &me);
         let reply = match outcome {
@@ -337,6 +377,12 @@ impl MembershipNode {
             if let Some(to) = self.gossip_target() {
                 out.push(Action::SendGossip(to, Box::new(self.gossip.clone())));
             }
+            // Also one member flagged unreachable (and not down): a node that can still hear
+            // (a one-way cut) learns that it was flagged, and is fenced long before it is
+            // downed instead of learning it only from the decision.
+            if let Some(to) = self.unreachable_target() {
+                out.push(Action::SendGossip(to, Box::new(self.gossip.clone())));
+            }
         }
     }
 
@@ -383,6 +429,18 @@ impl MembershipNode {
         Some(pool[self.gossip_round % pool.len()].clone())
     }
 
+    fn unreachable_target(&self) -> Option<UniqueAddress> {
+        let me = self.self_node();
+        let flagged: Vec<&UniqueAddress> = self
+            .gossip
+            .members()
+            .filter(|m| &m.node != me && m.status != MemberStatus::Down)
+            .filter(|m| !self.gossip.is_reachable(&m.node))
+            .map(|m| &m.node)
+            .collect();
+        (!flagged.is_empty()).then(|| flagged[self.gossip_round % flagged.len()].clone())
+    }
+
     fn gossip_to_all(&self, out: &mut Vec<Action>) {
         let me = self.self_node();
         for m in self.gossip.members() {
@@ -405,6 +463,7 @@ impl MembershipNode {
             }
             self.update_detectors();
         }
+        self.update_fence(out);
         let status = self.status();
         if status.is_some() {
             self.was_member = true;
@@ -414,6 +473,93 @@ impl MembershipNode {
         if out_of_cluster {
             self.shut_down = true;
             out.push(Action::ShutdownSelf);
+        }
+    }
+
+    /// Whether the current view is one on which this node would be downed (see
+    /// [`is_fenced`](Self::is_fenced)).
+    fn losing(&self) -> bool {
+        let me = self.self_node();
+        if !self.is_member() {
+            return false;
+        }
+        // Watched peers this node lost: flagged by its detector, or silent for `fence_after`
+        // (a hard bound that does not grow with the detector's variance on a busy machine).
+        let fence_after = self.config.fence_after.as_millis() as u64;
+        let lost: Vec<&UniqueAddress> = self
+            .detectors
+            .iter()
+            .filter(|(p, d)| {
+                self.gossip.reachability().is_unreachable_by(me, p)
+                    || d.last_heartbeat()
+                        .is_some_and(|t| self.now.saturating_sub(t) >= fence_after)
+            })
+            .map(|(p, _)| p)
+            .collect();
+        let silent: Vec<&UniqueAddress> = lost
+            .iter()
+            .copied()
+            .filter(|p| !self.gossip.reachability().is_unreachable_by(me, p))
+            .collect();
+        if self.gossip.reachability().records().next().is_none() && lost.is_empty() {
+            return false;
+        }
+        // The resolver's decision on this view, taken now rather than after `stable_after`.
+        let down_me = |g: &Gossip| {
+            decide(g, me, Duration::MAX, &self.config.downing).is_some_and(|d| d.down.contains(me))
+        };
+        let resolver = if silent.is_empty() {
+            down_me(&self.gossip)
+        } else {
+            let mut g = self.gossip.clone();
+            for p in silent {
+                g.reachability_mut().unreachable(me, p);
+            }
+            // As if the detector had flagged them: a new version only this node has seen.
+            g.touch(me);
+            down_me(&g)
+        };
+        if resolver {
+            return true;
+        }
+        // With a partial ring the own flags do not show a cut-off from most members: count
+        // the watched peers lost instead (strategies where only a majority goes on).
+        let partial = self.ring_nodes().len().saturating_sub(1) > self.config.monitored_by;
+        let majority_rule = matches!(
+            self.config.downing.strategy,
+            Strategy::KeepMajority | Strategy::StaticQuorum { .. }
+        );
+        partial && majority_rule && lost.len() * 2 > self.detectors.len()
+    }
+
+    fn update_fence(&mut self, out: &mut Vec<Action>) {
+        let was = self.fence.active;
+        if self.losing() {
+            self.fence.active = true;
+            self.fence.heard.clear();
+        } else if self.fence.active {
+            let me = self.self_node();
+            let live: BTreeSet<&UniqueAddress> = self
+                .gossip
+                .members()
+                .filter(|m| m.status != MemberStatus::Down)
+                .map(|m| &m.node)
+                .collect();
+            let heard = live
+                .iter()
+                .filter(|n| **n == me || self.fence.heard.contains(**n))
+                .count();
+            if heard * 2 > live.len() {
+                self.fence.active = false;
+                self.fence.heard.clear();
+            }
+        }
+        if self.fence.active != was {
+            out.push(Action::Event(if self.fence.active {
+                ClusterEvent::Fenced
+            } else {
+                ClusterEvent::Unfenced
+            }));
         }
     }
 

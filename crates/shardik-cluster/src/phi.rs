@@ -163,6 +163,11 @@ impl PhiAccrualDetector {
         self.phi(now) < self.config.threshold
     }
 
+    /// When the last heartbeat arrived (ms; `None` before the first).
+    pub fn last_heartbeat(&self) -> Option<u64> {
+        self.last
+    }
+
     /// `true` once a heartbeat has arrived.
     pub fn is_monitoring(&self) -> bool {
         self.last.is_some()

@@ -1,8 +1,9 @@
 //! The cluster singleton across three nodes over real TCP: exactly one instance, hand-over on
 //! a graceful leave of its node (the old instance stops before the new one starts, and
 //! messages sent through a proxy during the hand-over are delivered), restart on the next
-//! oldest node after a crash (only once the crashed node is `Down`), and a bounded proxy
-//! buffer.
+//! oldest node after a crash (only once the crashed node is `Down`), a partition that isolates
+//! the host (its instance stops when its node is fenced, before the majority starts one, even
+//! with no down margin), and a bounded proxy buffer.
 
 mod netutil;
 
@@ -183,7 +184,7 @@ async fn one_instance_handed_over_on_leave_and_restarted_after_crash() {
     );
 
     // a crashes (its remoting dies without leaving). b (next oldest) starts a new instance,
-    // only once a is Down in its view and the down margin (2 s) has passed.
+    // only once a is Down in its view and the down margin (500 ms) has passed.
     let down_seen = {
         let (cb, a_id) = (nodes[b].cluster.clone(), nodes[a].id().clone());
         tokio::spawn(async move {
@@ -208,8 +209,8 @@ async fn one_instance_handed_over_on_leave_and_restarted_after_crash() {
         let down_seen = down_seen.await.unwrap();
         // The waiter may see the Down a little after b's manager did: allow 0.5 s of it.
         assert!(
-            started.saturating_duration_since(down_seen) >= Duration::from_millis(1500),
-            "b started {:?} after it saw a Down; the margin is 2 s",
+            started.saturating_duration_since(down_seen) >= Duration::from_millis(250),
+            "b started {:?} after it saw a Down; the margin is 500 ms",
             started.saturating_duration_since(down_seen)
         );
         let was = view.iter().find(|(id, _)| *id == name(a)).map(|(_, s)| *s);
@@ -237,6 +238,67 @@ async fn one_instance_handed_over_on_leave_and_restarted_after_crash() {
         format!("start {}", name(b)),
     ];
     assert_eq!(log, expected);
+    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1, "{log:?}");
+    stop_all(&nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_host_stops_its_instance_before_the_majority_starts_one() {
+    let faults = shardik_remote::FaultInjector::new();
+    let (nodes, _) = cluster_of(3, Some(&faults)).await;
+    let witness = Arc::new(Witness::default());
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| {
+            let node = n.cluster.self_node().node_id.clone();
+            let witness = witness.clone();
+            // No margin: only the fence keeps the two instances apart.
+            let settings = SingletonSettings::new("counter").down_margin(Duration::ZERO);
+            ClusterSingleton::start(&n.cluster, settings, move || {
+                let (node, witness) = (node.clone(), witness.clone());
+                Props::new(move || Counter {
+                    node: node.clone(),
+                    got: Vec::new(),
+                    witness: witness.clone(),
+                })
+            })
+        })
+        .collect();
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    for other in ["n1", "n2"] {
+        faults.cut_both("n0", other);
+    }
+    wait(
+        &nodes[0].cluster,
+        "n0 fenced",
+        Duration::from_secs(10),
+        |s| s.fenced,
+    )
+    .await;
+    within("n0's instance stops", 5, singletons[0].wait_hosting(false)).await;
+    let hosts = within("the majority hosts", 20, async {
+        tokio::select! {
+            _ = singletons[1].wait_hosting(true) => 1,
+            _ = singletons[2].wait_hosting(true) => 2,
+        }
+    })
+    .await;
+    // The manager reports hosting once it spawned the instance; its `started` hook (which
+    // writes the log) runs right after.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while witness.log.lock().len() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let log = witness.log.lock().clone();
+    assert_eq!(
+        log,
+        [
+            "start n0".to_string(),
+            "stop n0".into(),
+            format!("start n{hosts}")
+        ],
+        "the isolated instance stopped before the new one started"
+    );
     assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1, "{log:?}");
     stop_all(&nodes).await;
 }

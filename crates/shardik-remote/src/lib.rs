@@ -81,6 +81,6 @@ pub use frame::{NodeIdentity, RejectReason};
 pub use peer::ConnectionInfo;
 pub use registry::Decoder;
 pub use remote::Remote;
-pub use remote_ref::{RemoteRef, SendError};
+pub use remote_ref::{Refused, RemoteRef, SendError};
 pub use stats::{RemoteEvent, RemoteStats};
 pub use tls::TlsConfig;

@@ -114,6 +114,11 @@ impl Peer {
         Ok(())
     }
 
+    /// Whether a user frame would be refused now (a message to this node itself never is).
+    pub(crate) fn user_full(&self) -> bool {
+        !self.loopback && self.queue.user_full()
+    }
+
     /// Queues a reply or reply failure; a full lane drops it with an error log (the asker
     /// times out).
     pub(crate) fn send_reply(&self, frame: Frame) {

@@ -54,6 +54,11 @@ impl OutQueue {
         Ok(())
     }
 
+    /// Whether the user lane is full now (a push would be refused).
+    pub(crate) fn user_full(&self) -> bool {
+        self.lanes.lock().user.len() >= self.user_cap
+    }
+
     /// Queues a control-lane frame, or refuses it if the lane is full.
     pub(crate) fn push_control(&self, frame: Frame) -> Result<(), Full> {
         {

@@ -42,6 +42,16 @@ pub enum SendError {
     ShutDown,
 }
 
+/// A message [`RemoteRef::try_send`] refused: why, and the message itself when it was refused
+/// before it was encoded (so a [`ReplyTo`] inside it is still usable).
+#[derive(Debug)]
+pub struct Refused<M> {
+    /// Why it was refused.
+    pub error: SendError,
+    /// The message, unless it was refused after encoding (its reply channels are then spent).
+    pub msg: Option<M>,
+}
+
 /// A reference to an actor registered at a path on another node, accepting messages of type
 /// `M`. Obtained from [`Remote::lookup`](crate::Remote::lookup); cloning is cheap.
 ///
@@ -175,6 +185,26 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
         let (frame, ids) = self.encode(&msg)?;
         drop(msg);
         self.enqueue(frame, &ids)
+    }
+
+    /// Like [`try_tell`](Self::try_tell), but a message refused because the user lane is full
+    /// is handed back: the lane is checked before the message is encoded. (A lane that fills
+    /// between the check and the push, which takes a race with another sender, refuses the
+    /// encoded message without handing it back.) Senders that can report a refusal to their
+    /// own caller, like sharding regions forwarding to a slow peer, use this.
+    pub fn try_send(&self, msg: M) -> Result<(), Refused<M>> {
+        if self.peer.user_full() {
+            self.node.counters.bump(
+                &self.node.counters.dropped_queue_full,
+                "shardik_remote_dropped_queue_full_total",
+            );
+            return Err(Refused {
+                error: SendError::QueueFull(self.peer.addr.to_string()),
+                msg: Some(msg),
+            });
+        }
+        self.try_tell(msg)
+            .map_err(|error| Refused { error, msg: None })
     }
 
     /// Queues `msg` on the peer's **control lane** instead of the user lane, or says why it

@@ -367,7 +367,18 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
             done();
             return;
         }
-        self.stopping.lock().insert(shard, done);
+        {
+            // A shard stopped again while it stops (a fence, then a hand-off): both are told.
+            let mut stopping = self.stopping.lock();
+            let done = match stopping.remove(&shard) {
+                Some(first) => Box::new(move || {
+                    first();
+                    done();
+                }) as ShardStopped,
+                None => done,
+            };
+            stopping.insert(shard, done);
+        }
         // A termination racing with this call finds the entry and checks again.
         self.check_stopping(shard);
     }

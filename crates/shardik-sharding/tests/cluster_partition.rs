@@ -1,6 +1,6 @@
 //! A partition isolates one node while three senders (one on each node) stream to 20
-//! entities. The isolated node downs itself and stops its entities; the majority downs it and,
-//! after `down_margin`, restarts its entities. The shared registry checks that no entity id
+//! entities. The isolated node is fenced and stops its entities at once, and later downs
+//! itself; the majority downs it and, after `down_margin`, restarts its entities. The shared registry checks that no entity id
 //! ever has two live incarnations, and no sender's numbers are duplicated or reordered.
 
 mod cluster_util;
@@ -28,6 +28,23 @@ async fn isolated_node_stops_its_entities_before_the_majority_restarts_them() {
     let streams = Streams::start(&nodes, &[(0, 0), (1, 1), (2, 2)], &ids);
     for other in ["n0", "n1"] {
         faults.cut_both("n2", other);
+    }
+    // Fenced first (about when it could first suspect the others), while still a member:
+    // the majority has not even started its `stable_after` yet.
+    let s = wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    assert_eq!(s.stopped, None, "fenced only when stopped");
+    poll("n2's entities stopped", Duration::from_secs(5), || {
+        nodes[2].hosted().is_empty()
+    })
+    .await;
+    for n in &nodes[..2] {
+        let s = n.cluster.state();
+        assert!(!s.fenced, "majority node fenced");
+        assert!(
+            s.member(nodes[2].id())
+                .is_some_and(|m| m.status == shardik_cluster::member::MemberStatus::Up),
+            "n2 downed before its entities stopped"
+        );
     }
     let s = wait_state(&nodes[2].cluster, "n2 downs itself", |s| {
         s.stopped.is_some()

@@ -88,6 +88,11 @@ pub struct ClusterState {
     pub unreachable: BTreeSet<UniqueAddress>,
     /// The leader as seen from here.
     pub leader: Option<UniqueAddress>,
+    /// This node is fenced (see
+    /// [`MembershipNode::is_fenced`](crate::node::MembershipNode::is_fenced)): what must never
+    /// run twice in the cluster (shard hosting, singletons) must not run here now. Also set
+    /// once the node is `Down` or stopped.
+    pub fenced: bool,
     /// Set once the cluster layer of this node has stopped.
     pub stopped: Option<StopReason>,
 }
@@ -99,6 +104,7 @@ impl ClusterState {
             members: Vec::new(),
             unreachable: BTreeSet::new(),
             leader: None,
+            fenced: false,
             stopped: None,
         }
     }

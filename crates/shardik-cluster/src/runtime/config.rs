@@ -393,6 +393,8 @@ impl ClusterConfig {
         c.phi = self.phi.clone();
         c.monitored_by = self.monitored_by;
         c.downing = self.downing.clone();
+        // Fenced after a silence the detector tolerates, i.e. before it can suspect anyone.
+        c.fence_after = self.phi.acceptable_heartbeat_pause;
         c.weakly_up_after = self.weakly_up_after;
         c
     }

@@ -347,6 +347,7 @@ impl Driver {
             members: g.members().cloned().collect(),
             unreachable: g.unreachable_members(),
             leader: g.leader(&self.me),
+            fenced: self.node.is_fenced(),
             stopped: None,
         }
     }
@@ -416,6 +417,7 @@ impl Driver {
         }
         let mut state = self.snapshot();
         state.stopped = Some(reason);
+        state.fenced = true;
         self.refs.clear();
         self.shared
             .publish(Some(state), vec![Event::Stopped(reason)]);
@@ -452,6 +454,14 @@ fn log_event(me: &UniqueAddress, e: &ClusterEvent) {
         }
         ClusterEvent::LeaderChanged(l) => {
             tracing::info!(node = %me, leader = ?l.as_ref().map(|l| l.to_string()), "leader changed")
+        }
+        ClusterEvent::Fenced => tracing::warn!(
+            node = %me,
+            "fenced: on this view the split brain resolver would down this node; shard \
+             hosting and singletons stop here"
+        ),
+        ClusterEvent::Unfenced => {
+            tracing::info!(node = %me, "no longer fenced: a majority is reachable again")
         }
     }
 }

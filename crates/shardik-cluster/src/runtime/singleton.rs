@@ -51,11 +51,15 @@
 //! **Crash** of the host: it stays the oldest `Up` member while it is only unreachable (no
 //! second instance is started on a suspicion); once the split brain resolver marked it `Down`,
 //! the next oldest starts a new instance [`down_margin`](SingletonSettings::down_margin)
-//! (4 s) later. The instance's state is lost with the crashed node (persist it, e.g. with
-//! shardik-persistence, if it matters). The margin is for partitions: the `Down` member may be
-//! alive on the losing side, whose split brain resolver downs itself after the same
-//! `stable_after` and stops its instance; the margin covers the difference between the two
-//! sides' decisions, as Akka's `down-removal-margin` does (see `docs/cluster.md`).
+//! (500 ms) later. The instance's state is lost with the crashed node (persist it, e.g. with
+//! shardik-persistence, if it matters).
+//!
+//! **Partitions**: the `Down` member may be alive on the losing side. A manager stops its
+//! instance as soon as its node is **fenced** ([`ClusterState::fenced`]: on its own view the
+//! split brain resolver would down it), which happens at detection time, while the winning
+//! side downs it only `stable_after` (2 s) after its own detection; the margin is on top of
+//! that, against a skew between the two sides' detections and the time the old instance
+//! takes to stop (Akka's `down-removal-margin` plays this role alone, see `docs/cluster.md`).
 //!
 //! ## The proxy
 //! A [`SingletonProxy`] (from [`ClusterSingleton::proxy`], on any node) sends to the node that
@@ -188,7 +192,7 @@ pub struct SingletonSettings {
 impl SingletonSettings {
     /// A singleton named `name` (unique among the singletons of the cluster), on any member,
     /// with a buffer of 1 000 messages, announced every 500 ms, a removal timeout of 5 s and a
-    /// down margin of 4 s.
+    /// down margin of 500 ms.
     pub fn new(name: impl Into<String>) -> Self {
         SingletonSettings {
             name: name.into(),
@@ -196,7 +200,7 @@ impl SingletonSettings {
             buffer_size: 1000,
             announce_interval: Duration::from_millis(500),
             removal_timeout: Duration::from_secs(5),
-            down_margin: Duration::from_secs(4),
+            down_margin: Duration::from_millis(500),
         }
     }
 
@@ -227,12 +231,11 @@ impl SingletonSettings {
     }
 
     /// How long after an older member with the role was marked `Down` it still blocks the
-    /// start of a new instance (unless it confirmed that it runs none). Covers a `Down` member
-    /// that is alive on the losing side of a partition until its own split brain resolver
-    /// stops it, which happens after the same `stable_after` plus the skew between the two
-    /// sides' failure detection (default 4 s).
-    /// Use at least the cluster's `stable_after` when partitions matter more than failover
-    /// time; zero starts the new instance as soon as the old host is `Down`.
+    /// start of a new instance (unless it confirmed that it runs none). A `Down` member alive
+    /// on the losing side of a partition stopped its instance when it was fenced, about
+    /// `stable_after` before the winning side downed it; the margin adds to that against a
+    /// skew between the two sides' detection and a slow stop (default 500 ms). Zero starts the
+    /// new instance as soon as the old host is `Down`.
     pub fn down_margin(mut self, margin: Duration) -> Self {
         self.down_margin = margin;
         self
@@ -578,7 +581,7 @@ where
             }
             self.step(&state, announce).await;
         }
-        self.stop_instance().await;
+        self.stop_instance(true).await;
         cluster.remote().unregister(&self.shared.manager_path);
         let mut p = self.shared.proxy.lock();
         p.stopped = true;
@@ -698,6 +701,19 @@ where
         );
         let role = self.shared.settings.role.as_deref();
         let decision = decide(&members, &state.self_node, role, &self.handed_over);
+        if state.fenced {
+            // On this view the resolver would down this node: the other side may start an
+            // instance once it has decided, so stop ours now. No `HandedOver`: this node is
+            // still the host for the members that can reach it once the fence is lifted.
+            if self.instance.is_some() {
+                tracing::warn!(
+                    singleton = self.shared.settings.name,
+                    "node fenced: stopping the singleton instance"
+                );
+                self.stop_instance(false).await;
+            }
+            return;
+        }
         match (&decision, self.instance.is_some()) {
             (SingletonDecision::Host, false) => self.start_instance(state),
             (SingletonDecision::Host, true) => {
@@ -706,7 +722,7 @@ where
                 }
             }
             (_, true) => {
-                self.stop_instance().await;
+                self.stop_instance(true).await;
                 self.send_all(state, WireMsg::HandedOver(state.self_node.clone()));
             }
             (_, false) => {
@@ -746,7 +762,9 @@ where
         self.send_all(state, WireMsg::Hosting(state.self_node.clone()));
     }
 
-    async fn stop_instance(&mut self) {
+    /// Stops the instance; `graceful`: after the messages already queued (a hand-over),
+    /// else at once (fenced: the other side may start one soon).
+    async fn stop_instance(&mut self, graceful: bool) {
         let Some(actor) = self.instance.take() else {
             return;
         };
@@ -756,7 +774,11 @@ where
             .cluster
             .remote()
             .unregister(&self.shared.instance_path);
-        actor.graceful_stop();
+        if graceful {
+            actor.graceful_stop();
+        } else {
+            actor.stop();
+        }
         actor.terminated().await;
         tracing::info!(singleton = self.shared.settings.name, node = %self_node.node_id, "singleton instance stopped");
         self.shared.hosting_tx.send_replace(false);

@@ -149,6 +149,15 @@ impl Sim {
         }
     }
 
+    /// Cuts only the direction `from -> to` for every pair.
+    pub fn cut_one_way(&mut self, from: &[usize], to: &[usize]) {
+        for x in from {
+            for y in to {
+                self.cuts.insert((addr(*x), addr(*y)));
+            }
+        }
+    }
+
     pub fn heal(&mut self) {
         self.cuts.clear();
         self.hb_cuts.clear();

@@ -97,6 +97,7 @@ mod tests {
             members,
             unreachable: Default::default(),
             leader: None,
+            fenced: false,
             stopped: None,
         }
     }

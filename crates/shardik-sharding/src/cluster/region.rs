@@ -28,8 +28,8 @@ use super::wire::{
     PeerWire,
 };
 use crate::coordination::{
-    Envelope, RegionAction, RegionConfig, RegionId, RegionInput, RegionState, RegisterError,
-    SendError, ToRegion,
+    Envelope, PeerMsg, RegionAction, RegionConfig, RegionId, RegionInput, RegionState,
+    RegisterError, SendError, ShardView, ToRegion,
 };
 use crate::hash::ShardId;
 use crate::region::{RegionCore, ShardHost};
@@ -68,6 +68,12 @@ struct Inner<M> {
     peers: HashMap<RegionId, RemoteRef<PeerWire<M>>>,
     gone: BTreeSet<RegionId>,
     out: Vec<RegionAction<M>>,
+    /// Set while this node is fenced: messages for its hosted shards wait here, in order,
+    /// and no entity runs (see `on_fence`).
+    fenced: Option<Vec<(ShardId, String, M)>>,
+    buffer_limit: usize,
+    /// Envelopes a peer's full queue handed back during the current `execute`.
+    refused: Vec<Envelope<M>>,
 }
 
 pub(crate) struct ClusterRegion<M> {
@@ -105,6 +111,7 @@ where
     ) -> Arc<Self> {
         let self_id = region_id(cluster.self_node());
         let shard_count = config.shard_count;
+        let buffer_limit = config.buffer_limit;
         let (events, rx) = mpsc::unbounded_channel();
         let region = Arc::new(ClusterRegion {
             type_name: type_name.to_string(),
@@ -120,6 +127,9 @@ where
                 peers: HashMap::new(),
                 gone: BTreeSet::new(),
                 out: Vec::new(),
+                fenced: None,
+                buffer_limit,
+                refused: Vec::new(),
             }),
             events,
             coordinator,
@@ -205,10 +215,14 @@ where
     }
 
     /// Shards whose entities live here (hosted, moving or stopping).
-    /// Once this node stopped, the shards that still have entities (stopping).
+    /// Once this node stopped, or while it is fenced, the shards that still have entities
+    /// (stopping).
     pub(crate) fn hosted_shards(&self) -> BTreeSet<ShardId> {
-        let hosted = self.inner.lock().state.hosted_shards();
-        if !self.stopped.load(Ordering::SeqCst) {
+        let (hosted, fenced) = {
+            let g = self.inner.lock();
+            (g.state.hosted_shards(), g.fenced.is_some())
+        };
+        if !fenced && !self.stopped.load(Ordering::SeqCst) {
             return hosted;
         }
         let counts = self.local.shard_entities();
@@ -244,6 +258,14 @@ where
         g.state.handle(self.now_ms(), input, &mut out);
         self.execute(g, &mut out);
         g.out = out;
+        self.drop_refused(g);
+    }
+
+    /// Records the envelopes a peer's full queue handed back and no caller is waiting for.
+    fn drop_refused(&self, g: &mut Inner<M>) {
+        for env in g.refused.drain(..) {
+            self.dead_letter(&env.entity_id, "peer region's queue full");
+        }
     }
 
     /// Carries out `out` in order, under the region lock.
@@ -257,6 +279,15 @@ where
                         payload,
                         ..
                     } = env;
+                    if let Some(held) = &mut g.fenced {
+                        if held.len() < g.buffer_limit {
+                            held.push((shard, entity_id, payload));
+                        } else {
+                            metrics::counter!("shardik_sharding_fenced_dropped_total", "entity_type" => self.type_name.clone()).increment(1);
+                            self.dead_letter(&entity_id, "node fenced and its buffer full");
+                        }
+                        continue;
+                    }
                     if let Some(r) = &self.placement.remember {
                         r.delivered(shard, &entity_id);
                     }
@@ -271,16 +302,24 @@ where
                             .remote()
                             .lookup(&peer_path(&self.type_name), region_addr(&to))
                     });
-                    if let Err(e) = r.try_tell(PeerWire {
+                    if let Err(refused) = r.try_send(PeerWire {
                         from: self.self_id.clone(),
                         msg,
                     }) {
-                        tracing::warn!(entity_type = %self.type_name, region = %to, "message to a peer region not sent: {e}");
-                        self.system().record_dead_letter(
-                            &format_args!("{}{}", region_addr(&to), peer_path(&self.type_name)),
-                            std::any::type_name::<M>(),
-                            "peer region unreachable or message not encodable",
-                        );
+                        metrics::counter!("shardik_sharding_forward_refused_total", "entity_type" => self.type_name.clone()).increment(1);
+                        tracing::debug!(entity_type = %self.type_name, region = %to, "message to a peer region not sent: {}", refused.error);
+                        match refused.msg {
+                            // Handed back: the sender sees the refusal if it is waiting.
+                            Some(PeerWire {
+                                msg: PeerMsg::Deliver(env),
+                                ..
+                            }) => g.refused.push(env),
+                            _ => self.system().record_dead_letter(
+                                &format_args!("{}{}", region_addr(&to), peer_path(&self.type_name)),
+                                std::any::type_name::<M>(),
+                                "peer region's queue full, or the message not encodable",
+                            ),
+                        }
                     }
                 }
                 RegionAction::ToCoordinator(msg) => {
@@ -289,7 +328,13 @@ where
                 }
                 RegionAction::StartShard(shard) => {
                     tracing::debug!(entity_type = %self.type_name, shard, "hosting shard");
-                    if let Some(r) = &self.placement.remember {
+                    // While fenced, remembered entities start when the fence is lifted.
+                    if let Some(r) = self
+                        .placement
+                        .remember
+                        .as_ref()
+                        .filter(|_| g.fenced.is_none())
+                    {
                         r.shard_started(shard);
                     }
                 }
@@ -403,6 +448,7 @@ where
             self.node_stopped();
             return;
         }
+        self.on_fence(state.fenced);
         let role = self.placement.role.as_deref();
         let dir = &self.placement.directory;
         // The region's proxy flag depends on this node's roles: wait until it is a member.
@@ -456,6 +502,50 @@ where
         }
     }
 
+    /// Follows the node's fence. Fenced (on its own view the split brain resolver would down
+    /// this node): every hosted shard's entities are stopped at once and messages for them
+    /// are held, because the winning side restarts them `down_margin` after it downed this
+    /// node. Lifted (a majority reachable again, no decision against this node): the held
+    /// messages are delivered, in order, and entities start again on demand.
+    fn on_fence(&self, fenced: bool) {
+        let mut g = self.inner.lock();
+        match (fenced, g.fenced.is_some()) {
+            (true, false) => {
+                g.fenced = Some(Vec::new());
+                let hosted = g.state.hosted_shards();
+                metrics::counter!("shardik_sharding_fenced_total", "entity_type" => self.type_name.clone()).increment(1);
+                tracing::warn!(entity_type = %self.type_name, shards = hosted.len(), "node fenced: stopping the entities of every hosted shard");
+                for shard in hosted {
+                    if let Some(r) = &self.placement.remember {
+                        r.shard_stopped(shard);
+                    }
+                    self.local.stop_shard(shard, Box::new(|| {}));
+                }
+            }
+            (false, true) => {
+                let held = g.fenced.take().unwrap_or_default();
+                let hosted = g.state.hosted_shards();
+                tracing::info!(entity_type = %self.type_name, held = held.len(), "fence lifted: hosting again");
+                if let Some(r) = &self.placement.remember {
+                    for shard in hosted {
+                        if g.state.shard_view(shard) == ShardView::Local {
+                            r.shard_started(shard);
+                        }
+                    }
+                }
+                for (shard, id, msg) in held {
+                    if let Some(r) = &self.placement.remember {
+                        r.delivered(shard, &id);
+                    }
+                    if self.local.deliver(shard, &id, msg).is_err() {
+                        self.dead_letter(&id, "entity refused the message");
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// This node left the cluster (or was downed, or the system shuts down): stop hosting.
     fn node_stopped(&self) {
         if self.stopped.swap(true, Ordering::SeqCst) {
@@ -487,6 +577,14 @@ where
             .send(self.now_ms(), Envelope::new(id, shard, msg), &mut out);
         self.execute(&mut g, &mut out);
         g.out = out;
+        // This send forwarded at most one envelope, its own: if the peer's queue handed it
+        // back, the caller gets it back (`tell` records a dead letter, `ask` fails at once).
+        if res.is_ok() && g.refused.last().is_some_and(|e| e.entity_id == id) {
+            let env = g.refused.pop().expect("checked");
+            self.drop_refused(&mut g);
+            return Err(TellError::MailboxFull(env.payload));
+        }
+        self.drop_refused(&mut g);
         res.map_err(|r| match r.error {
             SendError::BufferFull { .. } => TellError::MailboxFull(r.envelope.payload),
             SendError::Refused(_) | SendError::BadShard { .. } => {

@@ -24,12 +24,13 @@ pub struct ClusterShardingSettings {
     /// How long one replica write or read may take before it is retried. Default 2 s.
     pub replication_timeout: Duration,
     /// How long after a member is seen `Down` (or removed without having left) its shards are
-    /// reallocated. The downed node stops its own entities when it learns it is `Down`
-    /// (with keep-majority, the losing side of a partition downs itself at about the time
-    /// the winning side downs it); the margin covers the difference, like the singleton's.
-    /// The losing side restarts its `stable_after` timer each time it detects one more
-    /// unreachable peer, so its decision can trail the winners' by a detection skew (2.3 s
-    /// was seen on a loaded machine). Default 4 s (`stable_after` of the defaults plus 2 s).
+    /// reallocated. A node stops its entities as soon as it is **fenced**
+    /// ([`ClusterState::fenced`](shardik_cluster::runtime::ClusterState::fenced): on its own
+    /// view the split brain resolver would down it, or most of the peers it watches went
+    /// silent), which on the losing side of a partition happens about when it could first
+    /// suspect the other side, while the winning side downs it only `stable_after` (2 s)
+    /// after its own detection. The margin adds to those 2 s against a skew between the two
+    /// sides' detection and entities slow to stop. Default 500 ms.
     pub down_margin: Duration,
     /// Only members with this role host the type's shards (and run its coordinator and store
     /// its coordinator-state replicas); a node without it that starts the type only routes to
@@ -54,7 +55,7 @@ impl Default for ClusterShardingSettings {
             handoff_stop_retry: Duration::from_secs(5),
             buffer_limit: 10_000,
             replication_timeout: Duration::from_secs(2),
-            down_margin: Duration::from_secs(4),
+            down_margin: Duration::from_millis(500),
             role: None,
             remember_entities: false,
         }
