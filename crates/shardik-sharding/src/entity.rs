@@ -6,6 +6,7 @@ use std::time::Duration;
 use shardik_actor::{Actor, ActorSettings, MailboxConfig, SupervisorStrategy};
 
 use crate::error::ShardingError;
+use crate::hash::{ShardFn, ShardId};
 
 /// Default number of shards of an entity type.
 pub const DEFAULT_SHARDS: u32 = 100;
@@ -41,6 +42,7 @@ pub struct EntityType<A: Actor> {
     pub(crate) max_live: Option<usize>,
     pub(crate) buffer_limit: usize,
     pub(crate) settings: ActorSettings<A::Msg>,
+    pub(crate) shard_fn: ShardFn,
 }
 
 impl<A: Actor> EntityType<A> {
@@ -59,6 +61,7 @@ impl<A: Actor> EntityType<A> {
             max_live: None,
             buffer_limit: DEFAULT_BUFFER_LIMIT,
             settings: ActorSettings::default(),
+            shard_fn: ShardFn::md5(),
         }
     }
 
@@ -66,6 +69,38 @@ impl<A: Actor> EntityType<A> {
     /// you expect; it cannot change while any node runs the type.
     pub fn shards(mut self, shards: u32) -> Self {
         self.shards = shards;
+        self
+    }
+
+    /// Maps entity ids to shards with `f(entity_id, shard_count)` instead of the MD5 rule
+    /// ([`shard_of`](crate::shard_of)); the result is taken modulo the shard count. Every
+    /// route to the type uses it (`tell`, `ask`, `entity_ref`, extractors, passivation).
+    ///
+    /// In a cluster the function must be deterministic and the same on every node, proxies
+    /// included (see [`ShardFn`]); a region whose function differs from the coordinator's on
+    /// the probe ids is refused.
+    ///
+    /// ```
+    /// use shardik_sharding::EntityType;
+    /// # use shardik_actor::{Actor, ActorError, Context};
+    /// # struct Account;
+    /// # impl Actor for Account {
+    /// #     type Msg = u64;
+    /// #     async fn handle(&mut self, _m: u64, _c: &mut Context<Self>) -> Result<(), ActorError> { Ok(()) }
+    /// # }
+    /// // Ids like "eu-1234": one shard per region prefix.
+    /// let accounts = EntityType::new("account", |_id: &str| Account)
+    ///     .shards(4)
+    ///     .shard_fn(|id: &str, _shards: u32| match id.split('-').next() {
+    ///         Some("eu") => 0,
+    ///         Some("us") => 1,
+    ///         Some("ap") => 2,
+    ///         _ => 3,
+    ///     });
+    /// # let _ = accounts;
+    /// ```
+    pub fn shard_fn(mut self, f: impl Fn(&str, u32) -> ShardId + Send + Sync + 'static) -> Self {
+        self.shard_fn = ShardFn::new(f);
         self
     }
 
@@ -145,6 +180,7 @@ impl<A: Actor> std::fmt::Debug for EntityType<A> {
             .field("max_live", &self.max_live)
             .field("buffer_limit", &self.buffer_limit)
             .field("settings", &self.settings)
+            .field("shard_fn", &self.shard_fn)
             .finish()
     }
 }

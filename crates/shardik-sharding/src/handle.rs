@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use shardik_actor::{ActorSystem, AskError, ReplyTo, TellError};
 
-use crate::hash::{shard_of, ShardId};
+use crate::hash::ShardId;
 use crate::region::RegionCore;
 use crate::shard::EntityId;
 use crate::stats::RegionStats;
@@ -35,14 +35,14 @@ impl<M: Send + 'static> Region<M> {
     /// shutting down) is recorded as a dead letter.
     #[inline]
     pub fn tell(&self, id: &str, msg: M) {
-        let shard = shard_of(id, self.core.shard_count());
+        let shard = self.core.shard_of(id);
         self.tell_shard(shard, id, msg);
     }
 
     /// Like [`tell`](Region::tell) but hands a refused message back.
     #[inline]
     pub fn try_tell(&self, id: &str, msg: M) -> Result<(), TellError<M>> {
-        let shard = shard_of(id, self.core.shard_count());
+        let shard = self.core.shard_of(id);
         self.core.deliver(shard, id, msg)
     }
 
@@ -54,7 +54,7 @@ impl<M: Send + 'static> Region<M> {
         make: impl FnOnce(ReplyTo<R>) -> M,
         timeout: Duration,
     ) -> Result<R, AskError> {
-        let shard = shard_of(id, self.core.shard_count());
+        let shard = self.core.shard_of(id);
         self.ask_shard(shard, id, make, timeout).await
     }
 
@@ -62,7 +62,7 @@ impl<M: Send + 'static> Region<M> {
     pub fn entity_ref(&self, id: impl Into<EntityId>) -> EntityRef<M> {
         let id = id.into();
         EntityRef {
-            shard: shard_of(&id, self.core.shard_count()),
+            shard: self.core.shard_of(&id),
             id,
             region: self.clone(),
         }
@@ -84,9 +84,9 @@ impl<M: Send + 'static> Region<M> {
         self.core.shard_count()
     }
 
-    /// The shard entity `id` belongs to.
+    /// The shard entity `id` belongs to (the type's [`ShardFn`](crate::ShardFn)).
     pub fn shard_of(&self, id: &str) -> ShardId {
-        shard_of(id, self.core.shard_count())
+        self.core.shard_of(id)
     }
 
     /// A snapshot of the region's entities, buffers and counters.
@@ -128,12 +128,35 @@ impl<M: Send + 'static> Region<M> {
         timeout: Duration,
     ) -> Result<R, AskError> {
         let (reply_to, rx) = ReplyTo::channel();
-        self.core
-            .deliver(shard, id, make(reply_to))
-            .map_err(|e| match e {
-                TellError::Stopped(_) => AskError::Stopped,
-                TellError::MailboxFull(_) => AskError::MailboxFull,
-            })?;
+        self.deliver_and_wait(shard, id, make(reply_to), rx, timeout)
+            .await
+    }
+
+    /// Sends `msg`, already built around the sender of `rx`, to entity `id` and waits for the
+    /// answer.
+    pub(crate) async fn ask_built<R>(
+        &self,
+        id: &str,
+        msg: M,
+        rx: tokio::sync::oneshot::Receiver<R>,
+        timeout: Duration,
+    ) -> Result<R, AskError> {
+        let shard = self.core.shard_of(id);
+        self.deliver_and_wait(shard, id, msg, rx, timeout).await
+    }
+
+    async fn deliver_and_wait<R>(
+        &self,
+        shard: ShardId,
+        id: &str,
+        msg: M,
+        rx: tokio::sync::oneshot::Receiver<R>,
+        timeout: Duration,
+    ) -> Result<R, AskError> {
+        self.core.deliver(shard, id, msg).map_err(|e| match e {
+            TellError::Stopped(_) => AskError::Stopped,
+            TellError::MailboxFull(_) => AskError::MailboxFull,
+        })?;
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(_)) => Err(AskError::NoReply),

@@ -58,6 +58,7 @@ pub mod cluster;
 pub mod coordination;
 mod entity;
 mod error;
+mod extract;
 mod handle;
 mod hash;
 mod region;
@@ -67,8 +68,9 @@ mod stats;
 
 pub use entity::{EntityType, DEFAULT_BUFFER_LIMIT, DEFAULT_SHARDS};
 pub use error::ShardingError;
+pub use extract::{ExtractAskError, ExtractError, ExtractingRegion, Extractor, MessageExtractor};
 pub use handle::{EntityRef, Region};
-pub use hash::{hash32, shard_of, ShardId};
+pub use hash::{hash32, shard_of, ShardFn, ShardId};
 pub use shard::EntityId;
 pub use sharding::{Sharding, ShardingExt};
 pub use stats::RegionStats;

@@ -16,7 +16,7 @@ use shardik_actor::{
 };
 
 use crate::entity::{EntityFactory, EntityType};
-use crate::hash::{shard_of, ShardId};
+use crate::hash::{ShardFn, ShardId};
 use crate::shard::{AfterStop, Delivery, Ended, EntityHandle, EntityId, ShardState};
 use crate::stats::RegionStats;
 
@@ -24,6 +24,8 @@ use crate::stats::RegionStats;
 pub(crate) trait RegionCore<M>: Send + Sync + 'static {
     fn deliver(&self, shard: ShardId, id: &str, msg: M) -> Result<(), TellError<M>>;
     fn shard_count(&self) -> u32;
+    /// The shard of `id` (the type's [`ShardFn`]).
+    fn shard_of(&self, id: &str) -> ShardId;
     fn type_name(&self) -> &str;
     fn system(&self) -> &ActorSystem;
     fn stats(&self) -> RegionStats;
@@ -84,6 +86,7 @@ pub(crate) struct LocalRegion<A: Actor> {
     type_name: Arc<str>,
     system: ActorSystem,
     shard_count: u32,
+    shard_fn: ShardFn,
     shards: Box<[Mutex<LocalShard<A::Msg>>]>,
     factory: EntityFactory<A>,
     settings: Arc<ActorSettings<A::Msg>>,
@@ -106,6 +109,7 @@ impl<A: Actor> LocalRegion<A> {
             max_live,
             buffer_limit,
             settings,
+            shard_fn,
         } = entity;
         let region = Arc::new_cyclic(|me: &Weak<LocalRegion<A>>| {
             let me = me.clone();
@@ -121,6 +125,7 @@ impl<A: Actor> LocalRegion<A> {
                 type_name: name.into(),
                 system: system.clone(),
                 shard_count: shards,
+                shard_fn,
                 shards: (0..shards)
                     .map(|_| Mutex::new(ShardState::new(buffer_limit)))
                     .collect(),
@@ -190,7 +195,7 @@ impl<A: Actor> LocalRegion<A> {
 
     fn passivate_victims(&self, victims: Vec<EntityId>) {
         for victim in victims {
-            let shard = shard_of(&victim, self.shard_count);
+            let shard = self.shard_fn.shard(&victim, self.shard_count);
             if self.shards[shard as usize].lock().passivate(&victim) {
                 self.counters.passivated_lru.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("shardik_passivations_total", "entity_type" => self.type_name.to_string(), "reason" => "max_live").increment(1);
@@ -200,7 +205,7 @@ impl<A: Actor> LocalRegion<A> {
 
     fn on_terminated(&self, t: Termination<A::Msg>) {
         let Some(id) = t.name else { return };
-        let shard = shard_of(&id, self.shard_count);
+        let shard = self.shard_fn.shard(&id, self.shard_count);
         let ended = Ended {
             incarnation: t.id.as_u64(),
             undelivered: t.undelivered,
@@ -435,6 +440,11 @@ impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
         self.shard_count
     }
 
+    #[inline]
+    fn shard_of(&self, id: &str) -> ShardId {
+        self.shard_fn.shard(id, self.shard_count)
+    }
+
     fn type_name(&self) -> &str {
         &self.type_name
     }
@@ -444,7 +454,7 @@ impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
     }
 
     fn passivate(&self, id: &str) -> bool {
-        let shard = shard_of(id, self.shard_count);
+        let shard = self.shard_fn.shard(id, self.shard_count);
         let done = self.shards[shard as usize].lock().passivate(id);
         if done {
             if let Some(lru) = &self.lru {

@@ -5,6 +5,8 @@
 #[path = "coordination_sim/harness.rs"]
 mod harness;
 
+use std::sync::Arc;
+
 use harness::{rid, Sim};
 use proptest::prelude::*;
 use shardik_sharding::coordination::*;
@@ -52,6 +54,33 @@ fn join_rebalances_without_loss() {
         sim.check_accounting();
         assert!(sim.lost_to_crash.is_empty());
         assert!(sim.spread() <= 1, "seed {seed}: {:?}", sim.counts());
+    }
+}
+
+#[test]
+fn local_first_join_moves_only_the_excess_over_the_share() {
+    for seed in 0..20 {
+        let mut sim = Sim::with_strategy(seed, 12, 2, Arc::new(LocalFirst));
+        warm_up(&mut sim, 200);
+        sim.quiesce();
+        // Two regions: a share of 6 each, so every shard is homed and none over 6.
+        let before = sim.counts();
+        assert!(before.values().all(|n| *n <= 6), "seed {seed}: {before:?}");
+        sim.join();
+        warm_up(&mut sim, 300);
+        sim.quiesce();
+        for _ in 0..10 {
+            sim.tick(5_000);
+            sim.quiesce();
+        }
+        sim.check_accounting();
+        assert!(sim.lost_to_crash.is_empty());
+        // Three regions: a share of 4; the newcomer took only the others' excess.
+        let after = sim.counts();
+        assert!(after.values().all(|n| *n <= 4), "seed {seed}: {after:?}");
+        let c = sim.coord.as_ref().unwrap();
+        assert!(c.stats().handoffs_completed > 0, "seed {seed}");
+        assert_eq!(c.stats().allocation_rejected, 0);
     }
 }
 
@@ -261,34 +290,64 @@ proptest! {
 
     #[test]
     fn random_histories_keep_the_invariants(seed in any::<u64>(), ops in prop::collection::vec(op(), 1..40)) {
-        let mut sim = Sim::new(seed, 8, 3);
-        for op in ops {
-            match op {
-                Op::Steps(n) => for _ in 0..n { sim.step(); },
-                Op::Send(n) => for _ in 0..n { sim.send_random(); sim.check(); },
-                Op::Join => { if sim.regions.len() < 6 { sim.join(); } }
-                Op::Leave(i) => {
-                    let h = sim.hosting_regions();
-                    if h.len() > 1 { sim.leave(h[i as usize % h.len()]); }
-                }
-                Op::Crash(i) => {
-                    let h = sim.hosting_regions();
-                    if h.len() > 1 { sim.crash(h[i as usize % h.len()]); }
-                }
-                Op::CoordCrash => sim.crash_coordinator(),
-                Op::CoordStart => { if sim.coord.is_none() { sim.start_coordinator(); } }
-                Op::Unstable => {
-                    sim.stable = !sim.stable;
-                    let s = sim.stable;
-                    if let Some(c) = sim.coord.as_mut() {
-                        let mut out = Vec::new();
-                        c.handle(sim.now, Input::MembershipStable(s), &mut out);
-                    }
+        run_history(Sim::new(seed, 8, 3), ops);
+    }
+
+    /// The same with the local-first allocation strategy.
+    #[test]
+    fn random_histories_keep_the_invariants_with_local_first(seed in any::<u64>(), ops in prop::collection::vec(op(), 1..40)) {
+        run_history(Sim::with_strategy(seed, 8, 3, Arc::new(LocalFirst)), ops);
+    }
+}
+
+fn run_history(mut sim: Sim, ops: Vec<Op>) {
+    for op in ops {
+        match op {
+            Op::Steps(n) => {
+                for _ in 0..n {
+                    sim.step();
                 }
             }
-            sim.check();
+            Op::Send(n) => {
+                for _ in 0..n {
+                    sim.send_random();
+                    sim.check();
+                }
+            }
+            Op::Join => {
+                if sim.regions.len() < 6 {
+                    sim.join();
+                }
+            }
+            Op::Leave(i) => {
+                let h = sim.hosting_regions();
+                if h.len() > 1 {
+                    sim.leave(h[i as usize % h.len()]);
+                }
+            }
+            Op::Crash(i) => {
+                let h = sim.hosting_regions();
+                if h.len() > 1 {
+                    sim.crash(h[i as usize % h.len()]);
+                }
+            }
+            Op::CoordCrash => sim.crash_coordinator(),
+            Op::CoordStart => {
+                if sim.coord.is_none() {
+                    sim.start_coordinator();
+                }
+            }
+            Op::Unstable => {
+                sim.stable = !sim.stable;
+                let s = sim.stable;
+                if let Some(c) = sim.coord.as_mut() {
+                    let mut out = Vec::new();
+                    c.handle(sim.now, Input::MembershipStable(s), &mut out);
+                }
+            }
         }
-        sim.quiesce();
-        sim.check_accounting();
+        sim.check();
     }
+    sim.quiesce();
+    sim.check_accounting();
 }

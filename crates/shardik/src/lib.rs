@@ -103,7 +103,9 @@ pub mod prelude {
         Actor, ActorError, ActorRef, ActorSystem, AskError, Context, ReplyTo, StopReason,
         SupervisorStrategy, TellError,
     };
-    pub use shardik_sharding::{EntityRef, EntityType, Region, ShardingExt};
+    pub use shardik_sharding::{
+        EntityRef, EntityType, ExtractingRegion, Extractor, MessageExtractor, Region, ShardingExt,
+    };
 }
 
 /// The README's code blocks are compiled and run as doc tests, so the quickstart stays true.

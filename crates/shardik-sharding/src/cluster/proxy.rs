@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 
 use shardik_actor::{ActorSystem, TellError};
 
-use crate::hash::ShardId;
+use crate::hash::{ShardFn, ShardId};
 use crate::region::{RegionCore, ShardHost, ShardStopped};
 use crate::stats::RegionStats;
 
@@ -13,6 +13,7 @@ pub(crate) struct NoHost<M> {
     pub(crate) system: ActorSystem,
     pub(crate) type_name: String,
     pub(crate) shard_count: u32,
+    pub(crate) shard_fn: ShardFn,
     pub(crate) _msg: PhantomData<fn(M)>,
 }
 
@@ -22,6 +23,9 @@ impl<M: Send + 'static> RegionCore<M> for NoHost<M> {
     }
     fn shard_count(&self) -> u32 {
         self.shard_count
+    }
+    fn shard_of(&self, id: &str) -> ShardId {
+        self.shard_fn.shard(id, self.shard_count)
     }
     fn type_name(&self) -> &str {
         &self.type_name

@@ -597,6 +597,10 @@ where
         self.shard_count
     }
 
+    fn shard_of(&self, id: &str) -> ShardId {
+        self.local.shard_of(id)
+    }
+
     fn type_name(&self) -> &str {
         &self.type_name
     }

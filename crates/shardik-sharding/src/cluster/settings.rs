@@ -1,8 +1,9 @@
 //! [`ClusterShardingSettings`]: the timing and limits of the cluster layer of one entity type.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::coordination::{CoordinatorConfig, RegionConfig};
+use crate::coordination::{AllocationStrategy, CoordinatorConfig, LeastShards, RegionConfig};
 
 /// Timing and limits of one entity type's cluster layer; every node should use the same.
 #[derive(Clone, Debug)]
@@ -43,6 +44,11 @@ pub struct ClusterShardingSettings {
     /// message; a crashed node's shards are reallocated at once for that. Ids are never
     /// forgotten (a passivated entity is restarted on the shard's next home). Default `false`.
     pub remember_entities: bool,
+    /// Where the coordinator puts new shards and which shards a rebalance round moves. Default
+    /// [`LeastShards`]; [`LocalFirst`](crate::coordination::LocalFirst) keeps a shard on the node
+    /// that first sent to it. Configure the same strategy on every node (the coordinator may
+    /// move to any of them).
+    pub allocation_strategy: Arc<dyn AllocationStrategy>,
 }
 
 impl Default for ClusterShardingSettings {
@@ -58,6 +64,7 @@ impl Default for ClusterShardingSettings {
             down_margin: Duration::from_millis(500),
             role: None,
             remember_entities: false,
+            allocation_strategy: Arc::new(LeastShards),
         }
     }
 }
@@ -93,12 +100,26 @@ impl ClusterShardingSettings {
         self
     }
 
+    /// Sets [`allocation_strategy`](Self::allocation_strategy).
+    ///
+    /// ```
+    /// use shardik_sharding::cluster::ClusterShardingSettings;
+    /// use shardik_sharding::coordination::LocalFirst;
+    /// let settings = ClusterShardingSettings::default().allocation_strategy(LocalFirst);
+    /// # let _ = settings;
+    /// ```
+    pub fn allocation_strategy(mut self, strategy: impl AllocationStrategy) -> Self {
+        self.allocation_strategy = Arc::new(strategy);
+        self
+    }
+
     pub(crate) fn coordinator_config(&self, shard_count: u32) -> CoordinatorConfig {
         let mut c = CoordinatorConfig::new(shard_count);
         c.rebalance_interval_ms = self.rebalance_interval.as_millis() as u64;
         c.handoff_ack_timeout_ms = self.handoff_ack_timeout.as_millis() as u64;
         c.handoff_stop_retry_ms = self.handoff_stop_retry.as_millis() as u64;
         c.remember_shards = self.remember_entities;
+        c.allocation_strategy = self.allocation_strategy.clone();
         c
     }
 

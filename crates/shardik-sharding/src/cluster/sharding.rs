@@ -24,7 +24,7 @@ use crate::coordination::{RegisterError, ToRegion};
 use crate::entity::EntityType;
 use crate::error::ShardingError;
 use crate::handle::Region;
-use crate::hash::ShardId;
+use crate::hash::{ShardFn, ShardId};
 use crate::region::{LocalRegion, ShardHost};
 
 /// The type-erased face of one started entity type.
@@ -156,13 +156,21 @@ impl ClusterSharding {
         entity.validate()?;
         let name = entity.name().to_string();
         let shard_count = entity.shards;
+        let shard_fn = entity.shard_fn.clone();
         let mut types = self.inner.types.lock();
         if types.contains_key(&name) {
             return Err(ShardingError::AlreadyStarted(name));
         }
         let system = self.inner.cluster.remote().system().clone();
         let local = LocalRegion::start(&system, entity);
-        Ok(self.start_region(&mut types, name, shard_count, local, settings, false))
+        Ok(self.start_region(
+            &mut types,
+            name,
+            (shard_count, shard_fn),
+            local,
+            settings,
+            false,
+        ))
     }
 
     /// Starts entity type `type_name` on this node as a **proxy**: its region routes messages
@@ -194,6 +202,25 @@ impl ClusterSharding {
     where
         M: Serialize + DeserializeOwned + Send + 'static,
     {
+        self.start_proxy_sharded(type_name, shard_count, ShardFn::md5(), settings)
+    }
+
+    /// [`start_proxy_with`](Self::start_proxy_with) for a type whose hosting nodes map ids to
+    /// shards with a custom function ([`EntityType::shard_fn`]): the proxy must use the same
+    /// one (a proxy with another rule is refused by the coordinator).
+    ///
+    /// # Errors
+    /// As [`start_proxy`](Self::start_proxy).
+    pub fn start_proxy_sharded<M>(
+        &self,
+        type_name: &str,
+        shard_count: u32,
+        shard_fn: ShardFn,
+        settings: ClusterShardingSettings,
+    ) -> Result<Region<M>, ShardingError>
+    where
+        M: Serialize + DeserializeOwned + Send + 'static,
+    {
         let problem = if type_name.is_empty() {
             Some("the type name is empty")
         } else if shard_count == 0 {
@@ -215,12 +242,13 @@ impl ClusterSharding {
             system: self.inner.cluster.remote().system().clone(),
             type_name: type_name.to_string(),
             shard_count,
+            shard_fn: shard_fn.clone(),
             _msg: std::marker::PhantomData,
         });
         Ok(self.start_region(
             &mut types,
             type_name.to_string(),
-            shard_count,
+            (shard_count, shard_fn),
             local,
             settings,
             true,
@@ -231,7 +259,7 @@ impl ClusterSharding {
         &self,
         types: &mut HashMap<String, Arc<dyn StartedType>>,
         name: String,
-        shard_count: u32,
+        (shard_count, shard_fn): (u32, ShardFn),
         local: Arc<dyn ShardHost<M>>,
         settings: ClusterShardingSettings,
         proxy: bool,
@@ -252,11 +280,17 @@ impl ClusterSharding {
             )
         });
         let (coord_tx, coord_rx) = mpsc::unbounded_channel();
+        // Every region and coordinator of the type checks that they map ids to shards alike.
+        let fingerprint = Some(shard_fn.fingerprint(shard_count));
+        let mut region_config = settings.region_config(shard_count);
+        region_config.shard_fn_fingerprint = fingerprint;
+        let mut coordinator_config = settings.coordinator_config(shard_count);
+        coordinator_config.shard_fn_fingerprint = fingerprint;
         let region = ClusterRegion::start(
             &name,
             cluster,
             self.inner.clock,
-            settings.region_config(shard_count),
+            region_config,
             settings.tick,
             local,
             coord_tx.clone(),
@@ -287,7 +321,7 @@ impl ClusterSharding {
                 let _ = tx.send(CoordEvent::Wire(w));
             }),
         );
-        let driver = CoordinatorDriver::new(ctx, settings.coordinator_config(shard_count));
+        let driver = CoordinatorDriver::new(ctx, coordinator_config);
         tokio::spawn(driver.run(coord_rx));
         self.inner
             .directory

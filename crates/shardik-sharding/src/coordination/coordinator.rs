@@ -1,16 +1,19 @@
 //! The coordinator of one entity type as a sans-IO state machine.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use super::allocation::{valid_moves, AllocationStrategy, AllocationView, LeastShards};
 
 use super::protocol::{
     Epoch, HandOffId, RegionId, RegisterError, ToCoordinator, ToRegion, Version,
 };
-use super::rebalance::{plan_rebalance, round_limit};
+use super::rebalance::round_limit;
 use super::state::{Change, CoordinatorState, StateUpdate};
 use crate::ShardId;
 
 /// Settings of a [`Coordinator`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
     /// The shard count of the entity type; regions with another count are refused.
     pub shard_count: u32,
@@ -35,6 +38,29 @@ pub struct CoordinatorConfig {
     /// Bound on replies waiting for persistence; further requests are dropped (and counted): the
     /// regions retry.
     pub max_deferred: usize,
+    /// Where new shards go and what a rebalance round moves (default [`LeastShards`]). The
+    /// coordinator refuses decisions naming a region that may not receive shards.
+    pub allocation_strategy: Arc<dyn AllocationStrategy>,
+    /// The [fingerprint](crate::ShardFn::fingerprint) of the type's id-to-shard rule: a region
+    /// registering with another one is refused ([`RegisterError::ShardFnMismatch`]). Default
+    /// `None`: not checked.
+    pub shard_fn_fingerprint: Option<u64>,
+}
+
+impl PartialEq for CoordinatorConfig {
+    /// Equal settings, and strategies of the same [`name`](AllocationStrategy::name).
+    fn eq(&self, other: &Self) -> bool {
+        self.shard_count == other.shard_count
+            && self.rebalance_interval_ms == other.rebalance_interval_ms
+            && self.rebalance_relative_limit_percent == other.rebalance_relative_limit_percent
+            && self.rebalance_absolute_limit == other.rebalance_absolute_limit
+            && self.handoff_ack_timeout_ms == other.handoff_ack_timeout_ms
+            && self.handoff_stop_retry_ms == other.handoff_stop_retry_ms
+            && self.remember_shards == other.remember_shards
+            && self.max_deferred == other.max_deferred
+            && self.allocation_strategy.name() == other.allocation_strategy.name()
+            && self.shard_fn_fingerprint == other.shard_fn_fingerprint
+    }
 }
 
 impl CoordinatorConfig {
@@ -49,6 +75,8 @@ impl CoordinatorConfig {
             handoff_stop_retry_ms: 10_000,
             remember_shards: false,
             max_deferred: 100_000,
+            allocation_strategy: Arc::new(LeastShards),
+            shard_fn_fingerprint: None,
         }
     }
 }
@@ -114,6 +142,9 @@ pub struct CoordinatorStats {
     pub no_region_available: u64,
     /// Late or unknown hand-off messages ignored.
     pub stray_handoff_messages: u64,
+    /// Decisions of the [`AllocationStrategy`] refused (a region that may not receive shards,
+    /// an invalid rebalance move); allocations fell back to [`LeastShards`].
+    pub allocation_rejected: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -478,12 +509,72 @@ impl Coordinator {
         loads
     }
 
-    /// The region a new shard goes to: fewest shards (working state, moves included), ties by id.
+    /// The region with the fewest shards (working state, moves included), ties by id: where
+    /// [`LeastShards`] puts a new shard.
     pub fn least_loaded(&self) -> Option<RegionId> {
         self.loads()
             .into_iter()
             .min_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)))
             .map(|(r, _)| r)
+    }
+
+    /// What an [`AllocationStrategy`] sees: every eligible region with its shards in the working
+    /// state, shards being handed off to it included.
+    pub fn allocation_regions(&self) -> BTreeMap<RegionId, Vec<ShardId>> {
+        let mut regions: BTreeMap<RegionId, Vec<ShardId>> = self
+            .live
+            .iter()
+            .filter(|r| self.eligible(r))
+            .map(|r| (r.clone(), Vec::new()))
+            .collect();
+        for (s, r) in &self.working.shards {
+            if let Some(v) = regions.get_mut(r) {
+                v.push(*s);
+            }
+        }
+        for h in self.handoffs.values() {
+            if let Some(t) = &h.info.target {
+                if self.working.home(h.info.shard) != Some(t) {
+                    if let Some(v) = regions.get_mut(t) {
+                        v.push(h.info.shard);
+                    }
+                }
+            }
+        }
+        regions
+    }
+
+    /// The region `shard` goes to, as the strategy decides over the working state; a decision
+    /// naming a region that may not receive shards is refused (warning, counter) and
+    /// [`least_loaded`](Self::least_loaded) used instead.
+    fn choose(&mut self, shard: ShardId, requester: Option<&RegionId>) -> Option<RegionId> {
+        let regions = self.allocation_regions();
+        if regions.is_empty() {
+            return None;
+        }
+        let view = AllocationView {
+            shard_count: self.config.shard_count,
+            regions: &regions,
+        };
+        match self
+            .config
+            .allocation_strategy
+            .allocate(shard, requester, &view)
+        {
+            Some(r) if regions.contains_key(&r) => return Some(r),
+            Some(r) => {
+                self.stats.allocation_rejected += 1;
+                tracing::warn!(
+                    strategy = self.config.allocation_strategy.name(),
+                    shard,
+                    region = %r,
+                    "allocation strategy chose a region that may not receive shards \
+                     (not registered, proxy, leaving or down); allocating least-shards instead"
+                );
+            }
+            None => {}
+        }
+        LeastShards.allocate(shard, requester, &view)
     }
 
     fn allocate_to(&mut self, shard: ShardId, region: RegionId, out: &mut Vec<Action>) {
@@ -492,12 +583,9 @@ impl Coordinator {
     }
 
     fn allocate(&mut self, shard: ShardId, asker: &RegionId, out: &mut Vec<Action>) {
-        match self.least_loaded() {
+        match self.choose(shard, Some(asker)) {
             Some(r) => self.allocate_to(shard, r, out),
-            None => {
-                self.stats.no_region_available += 1;
-                let _ = asker;
-            }
+            None => self.stats.no_region_available += 1,
         }
     }
 
@@ -520,9 +608,11 @@ impl Coordinator {
             }
         }
         match msg {
-            ToCoordinator::Register { shard_count, proxy } => {
-                self.on_register(from, shard_count, proxy, out)
-            }
+            ToCoordinator::Register {
+                shard_count,
+                proxy,
+                shard_fn,
+            } => self.on_register(from, shard_count, proxy, shard_fn, out),
             ToCoordinator::GetShardHome { shard, .. } => self.on_get_home(from, shard, out),
             ToCoordinator::BeginHandOffAck { id, shard, fenced } => {
                 self.on_begin_ack(from, id, shard, fenced, out)
@@ -538,12 +628,23 @@ impl Coordinator {
         from: RegionId,
         shard_count: u32,
         proxy: bool,
+        shard_fn: Option<u64>,
         out: &mut Vec<Action>,
     ) {
         let refuse = if shard_count != self.config.shard_count {
             Some(RegisterError::ShardCountMismatch {
                 coordinator: self.config.shard_count,
                 region: shard_count,
+            })
+        } else if let Some((coordinator, region)) = self
+            .config
+            .shard_fn_fingerprint
+            .zip(shard_fn)
+            .filter(|(c, r)| c != r)
+        {
+            Some(RegisterError::ShardFnMismatch {
+                coordinator,
+                region,
             })
         } else if self.downed.contains(&from) {
             Some(RegisterError::Downed(from.clone()))
@@ -583,10 +684,7 @@ impl Coordinator {
             self.after_durable(Deferred::Home { shard, to: from }, out);
         } else {
             // Allocate now (in the working state) so that the next decision counts it.
-            match self.least_loaded() {
-                Some(r) => self.allocate_to(shard, r, out),
-                None => self.stats.no_region_available += 1,
-            }
+            self.allocate(shard, &from, out);
         }
     }
 
@@ -663,7 +761,7 @@ impl Coordinator {
             .filter(|t| self.eligible(t));
         let target = target.or_else(|| {
             self.handoffs.get_mut(&shard).expect("present").info.target = None;
-            self.least_loaded()
+            self.choose(shard, None)
         });
         if let Some(t) = target {
             self.persist(Change::ShardAllocated { shard, region: t }, out);
@@ -731,7 +829,7 @@ impl Coordinator {
                 if self.handoffs.contains_key(shard) {
                     continue;
                 }
-                let Some(target) = self.least_loaded() else {
+                let Some(target) = self.choose(*shard, None) else {
                     break; // nowhere to go: wait for another region
                 };
                 self.start_handoff(*shard, Some(target), out);
@@ -791,7 +889,7 @@ impl Coordinator {
         self.persist(Change::RegionRemoved { region: r }, out);
         if self.config.remember_shards {
             for shard in lost {
-                if let Some(t) = self.least_loaded() {
+                if let Some(t) = self.choose(shard, None) {
                     self.allocate_to(shard, t, out);
                 }
             }
@@ -848,7 +946,7 @@ impl Coordinator {
                 .filter(|s| self.working.home(*s).is_none() && !self.handoffs.contains_key(s))
                 .collect();
             for shard in homeless {
-                match self.least_loaded() {
+                match self.choose(shard, None) {
                     Some(t) => self.allocate_to(shard, t, out),
                     None => break,
                 }
@@ -868,24 +966,30 @@ impl Coordinator {
             return;
         }
         self.last_rebalance = Some(self.now);
-        let mut per_region: BTreeMap<RegionId, Vec<ShardId>> = self
-            .live
-            .iter()
-            .filter(|r| self.eligible(r))
-            .map(|r| (r.clone(), Vec::new()))
-            .collect();
-        for (s, r) in &self.working.shards {
-            if let Some(v) = per_region.get_mut(r) {
-                v.push(*s);
-            }
-        }
+        // No hand-off runs: these are exactly the allocated shards of the eligible regions.
+        let per_region = self.allocation_regions();
         let total: usize = per_region.values().map(Vec::len).sum();
         let limit = round_limit(
             total,
             self.config.rebalance_relative_limit_percent,
             self.config.rebalance_absolute_limit,
         );
-        let moves = plan_rebalance(&per_region, limit);
+        let view = AllocationView {
+            shard_count: self.config.shard_count,
+            regions: &per_region,
+        };
+        let planned = self.config.allocation_strategy.rebalance(&view, limit);
+        let (moves, dropped) = valid_moves(&per_region, planned, limit);
+        if dropped > 0 {
+            self.stats.allocation_rejected += dropped as u64;
+            tracing::warn!(
+                strategy = self.config.allocation_strategy.name(),
+                dropped,
+                "allocation strategy planned rebalance moves the coordinator may not carry out \
+                 (unknown or ineligible region, shard not held by its source, duplicate, over \
+                 the round limit); dropped"
+            );
+        }
         if !moves.is_empty() {
             self.stats.rebalance_rounds += 1;
         }

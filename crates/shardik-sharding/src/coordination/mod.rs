@@ -28,9 +28,10 @@
 //! ```
 //!
 //! 1. **Allocation.** A region with no cached home buffers the message and sends
-//!    `GetShardHome`. The coordinator picks the eligible region (registered under its epoch,
-//!    not proxy, not leaving) with the fewest shards in its *working* state (durable + pending
-//!    updates + hand-offs moving there), ties broken by region id; emits
+//!    `GetShardHome`. The coordinator's [`AllocationStrategy`] picks an eligible region
+//!    (registered under its epoch, not proxy, not leaving) from its *working* state (durable +
+//!    pending updates + hand-offs moving there); the default, [`LeastShards`], picks the one with
+//!    the fewest shards, ties broken by region id. The coordinator emits
 //!    `Persist(ShardAllocated)`; and after `Persisted` broadcasts `ShardHome` to every region.
 //!    The new home starts hosting ([`RegionAction::StartShard`]); the others cache the home and
 //!    flush their buffers, in order.
@@ -83,12 +84,14 @@
 //! assert!(region.is_registered());
 //! ```
 
+mod allocation;
 mod coordinator;
 mod protocol;
 mod rebalance;
 mod region;
 mod state;
 
+pub use allocation::{AllocationStrategy, AllocationView, LeastShards, LocalFirst};
 pub use coordinator::{
     Action, Coordinator, CoordinatorConfig, CoordinatorStats, HandOffInfo, Input, RecoverError,
 };

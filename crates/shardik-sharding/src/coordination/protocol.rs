@@ -82,6 +82,10 @@ pub enum ToCoordinator {
         shard_count: u32,
         /// Proxy-only: routes, never hosts.
         proxy: bool,
+        /// The [fingerprint](crate::ShardFn::fingerprint) of the region's id-to-shard rule, if
+        /// it is to be checked; must equal the coordinator's.
+        #[serde(default)]
+        shard_fn: Option<u64>,
     },
     /// Where does this shard live? Answered with [`ToRegion::ShardHome`], allocating if needed.
     GetShardHome {
@@ -136,6 +140,20 @@ pub enum RegisterError {
         coordinator: u32,
         /// The region's shard count.
         region: u32,
+    },
+    /// The region maps entity ids to shards with another rule than the coordinator's (their
+    /// [fingerprints](crate::ShardFn::fingerprint) differ): one entity id could be homed in two
+    /// shards. Every node must use the same shard function for an entity type.
+    #[error(
+        "shard function mismatch: the region maps entity ids to shards differently than the \
+         coordinator (fingerprints {region:#x} and {coordinator:#x}); every node, proxies \
+         included, must use the same shard function for the entity type"
+    )]
+    ShardFnMismatch {
+        /// The coordinator's fingerprint.
+        coordinator: u64,
+        /// The region's fingerprint.
+        region: u64,
     },
     /// The region's node was downed; a downed incarnation never comes back.
     #[error("region {0} was downed and cannot register again")]

@@ -28,6 +28,9 @@ pub struct RegionConfig {
     pub stop_timeout_ms: u64,
     /// Forwarding hops after which a message is buffered and its home asked again (default 3).
     pub max_hops: u8,
+    /// The [fingerprint](crate::ShardFn::fingerprint) of the type's id-to-shard rule, sent with
+    /// `Register` (default `None`: not checked).
+    pub shard_fn_fingerprint: Option<u64>,
 }
 
 impl RegionConfig {
@@ -41,6 +44,7 @@ impl RegionConfig {
             fence_timeout_ms: None,
             stop_timeout_ms: 10_000,
             max_hops: 3,
+            shard_fn_fingerprint: None,
         }
     }
 }
@@ -468,6 +472,7 @@ impl<M> RegionState<M> {
         out.push(RegionAction::ToCoordinator(ToCoordinator::Register {
             shard_count: self.config.shard_count,
             proxy: self.config.proxy,
+            shard_fn: self.config.shard_fn_fingerprint,
         }));
     }
 

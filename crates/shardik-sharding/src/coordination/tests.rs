@@ -34,6 +34,7 @@ fn register(c: &mut Coordinator, name: &str) -> Vec<Action> {
             msg: ToCoordinator::Register {
                 shard_count: c.state().shard_count,
                 proxy: false,
+                shard_fn: None,
             },
         },
         &mut out,
@@ -105,6 +106,7 @@ fn registration_is_persisted_before_ack_and_idempotent() {
         ToCoordinator::Register {
             shard_count: 4,
             proxy: false,
+            shard_fn: None,
         },
     );
     assert_eq!(persists(&out).len(), 1);
@@ -125,6 +127,7 @@ fn registration_is_persisted_before_ack_and_idempotent() {
         ToCoordinator::Register {
             shard_count: 4,
             proxy: false,
+            shard_fn: None,
         },
     );
     assert!(persists(&out).is_empty());
@@ -144,6 +147,7 @@ fn shard_count_mismatch_is_refused_with_a_clear_error() {
         ToCoordinator::Register {
             shard_count: 8,
             proxy: false,
+            shard_fn: None,
         },
     );
     let [(_, ToRegion::RegisterRefused { error, .. })] = &sends(&out)[..] else {
@@ -552,6 +556,7 @@ fn recovery_bumps_the_epoch_and_waits_for_regions_before_hand_offs() {
         ToCoordinator::Register {
             shard_count: 4,
             proxy: false,
+            shard_fn: None,
         },
     );
     let state = c.state().clone();
@@ -1094,6 +1099,7 @@ fn proxies_never_host() {
         ToCoordinator::Register {
             shard_count: 4,
             proxy: true,
+            shard_fn: None,
         },
     );
     let mut out = Vec::new();
@@ -1101,4 +1107,200 @@ fn proxies_never_host() {
     let out = get_home(&mut coord, "p", 0);
     assert!(out.is_empty());
     assert_eq!(coord.stats().no_region_available, 1);
+}
+
+// ---- coordinator: allocation strategies ---------------------------------------------------------
+
+fn coordinator_with(
+    shards: u32,
+    strategy: impl AllocationStrategy,
+    regions: &[&str],
+) -> Coordinator {
+    let mut config = cfg(shards);
+    config.allocation_strategy = std::sync::Arc::new(strategy);
+    let (mut c, _) = Coordinator::new(config);
+    let mut out = Vec::new();
+    c.handle(0, Input::Persisted(1), &mut out);
+    for name in regions {
+        register(&mut c, name);
+    }
+    c
+}
+
+/// The regions chosen by the `ShardAllocated` changes in `out`.
+fn allocated_to(out: &[Action]) -> Vec<String> {
+    persists(out)
+        .into_iter()
+        .filter_map(|ch| match ch {
+            Change::ShardAllocated { region, .. } => Some(region.0),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn local_first_allocates_to_the_requester_up_to_the_ceiling_of_the_working_state() {
+    // 9 shards over 3 regions: ceiling 3.
+    let mut c = coordinator_with(9, LocalFirst, &["a", "b", "c"]);
+    let mut chosen = Vec::new();
+    // Nothing persisted in between: the strategy must see the pending allocations.
+    for s in 0..6 {
+        chosen.extend(allocated_to(&get_home(&mut c, "b", s)));
+    }
+    assert_eq!(chosen, ["b", "b", "b", "a", "c", "a"]);
+    assert_eq!(c.stats().allocation_rejected, 0);
+    // A proxy asking: not a hosting region, so least loaded.
+    let mut out = msg(
+        &mut c,
+        0,
+        "p",
+        ToCoordinator::Register {
+            shard_count: 9,
+            proxy: true,
+            shard_fn: None,
+        },
+    );
+    persist_all(&mut c, &mut out);
+    assert_eq!(allocated_to(&get_home(&mut c, "p", 6)), ["c"]);
+}
+
+/// Always names `to`; plans `moves`.
+#[derive(Debug)]
+struct Scripted {
+    to: &'static str,
+    moves: Vec<Move>,
+}
+
+impl AllocationStrategy for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn allocate(
+        &self,
+        _shard: u32,
+        _requester: Option<&RegionId>,
+        _view: &AllocationView<'_>,
+    ) -> Option<RegionId> {
+        Some(r(self.to))
+    }
+    fn rebalance(&self, _view: &AllocationView<'_>, _limit: usize) -> Vec<Move> {
+        self.moves.clone()
+    }
+}
+
+#[test]
+fn a_strategy_naming_a_region_that_may_not_host_is_refused() {
+    for to in ["ghost", "p", "down", "leaving"] {
+        let mut c = coordinator_with(
+            8,
+            Scripted {
+                to,
+                moves: Vec::new(),
+            },
+            &["b", "a", "down", "leaving"],
+        );
+        let mut out = msg(
+            &mut c,
+            0,
+            "p",
+            ToCoordinator::Register {
+                shard_count: 8,
+                proxy: true,
+                shard_fn: None,
+            },
+        );
+        persist_all(&mut c, &mut out);
+        c.handle(0, Input::RegionDown(r("down")), &mut out);
+        c.handle(0, Input::RegionLeaving(r("leaving")), &mut out);
+        persist_all(&mut c, &mut out);
+        // Never obeyed: least shards (ties by id) instead, and counted.
+        assert_eq!(allocated_to(&get_home(&mut c, "b", 0)), ["a"], "{to}");
+        assert_eq!(allocated_to(&get_home(&mut c, "b", 1)), ["b"], "{to}");
+        assert_eq!(c.stats().allocation_rejected, 2, "{to}");
+    }
+    // A valid choice is obeyed.
+    let mut c = coordinator_with(
+        8,
+        Scripted {
+            to: "b",
+            moves: Vec::new(),
+        },
+        &["a", "b"],
+    );
+    assert_eq!(allocated_to(&get_home(&mut c, "a", 0)), ["b"]);
+    assert_eq!(allocated_to(&get_home(&mut c, "a", 1)), ["b"]);
+    assert_eq!(c.stats().allocation_rejected, 0);
+}
+
+#[test]
+fn invalid_rebalance_moves_are_dropped_and_valid_ones_carried_out() {
+    let mv = |shard, from: &str, to: &str| Move {
+        shard,
+        from: r(from),
+        to: r(to),
+    };
+    let mut c = coordinator_with(
+        8,
+        Scripted {
+            to: "a",
+            moves: vec![mv(0, "a", "ghost"), mv(1, "b", "a"), mv(2, "a", "b")],
+        },
+        &["a", "b"],
+    );
+    allocate(&mut c, 0..4);
+    assert!(c.state().shards.values().all(|h| *h == r("a")));
+    let mut out = Vec::new();
+    c.handle(0, Input::MembershipStable(true), &mut out);
+    c.handle(1_000, Input::Tick, &mut out);
+    let begun: Vec<u32> = sends(&out)
+        .into_iter()
+        .filter_map(|(to, m)| match m {
+            ToRegion::BeginHandOff { shard, .. } if to == r("a") => Some(shard),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(begun, [2]);
+    assert_eq!(c.stats().allocation_rejected, 2);
+    assert_eq!(
+        c.handoffs().map(|h| h.target.clone()).collect::<Vec<_>>(),
+        [Some(r("b"))]
+    );
+}
+
+#[test]
+fn a_region_with_another_shard_function_is_refused() {
+    let mut config = cfg(8);
+    config.shard_fn_fingerprint = Some(7);
+    let (mut c, _) = Coordinator::new(config);
+    let mut out = Vec::new();
+    c.handle(0, Input::Persisted(1), &mut out);
+    let reg = |fp| ToCoordinator::Register {
+        shard_count: 8,
+        proxy: false,
+        shard_fn: fp,
+    };
+    let out = msg(&mut c, 0, "a", reg(Some(8)));
+    assert_eq!(
+        sends(&out),
+        [(
+            r("a"),
+            ToRegion::RegisterRefused {
+                epoch: 1,
+                error: RegisterError::ShardFnMismatch {
+                    coordinator: 7,
+                    region: 8
+                }
+            }
+        )]
+    );
+    assert!(persists(&out).is_empty());
+    // The same rule (or a region that does not say) is accepted.
+    for (name, fp) in [("b", Some(7)), ("c", None)] {
+        let mut out = msg(&mut c, 0, name, reg(fp));
+        persist_all(&mut c, &mut out);
+        assert!(matches!(
+            &sends(&out)[..],
+            [(_, ToRegion::RegisterAck { .. })]
+        ));
+    }
 }

@@ -103,7 +103,18 @@ fn ridx(r: &RegionId) -> usize {
 
 impl Sim {
     pub fn new(seed: u64, shard_count: u32, regions: usize) -> Self {
+        Self::with_strategy(seed, shard_count, regions, std::sync::Arc::new(LeastShards))
+    }
+
+    /// [`Sim::new`] with the coordinator allocating by `strategy`.
+    pub fn with_strategy(
+        seed: u64,
+        shard_count: u32,
+        regions: usize,
+        strategy: std::sync::Arc<dyn AllocationStrategy>,
+    ) -> Self {
         let mut coord_cfg = CoordinatorConfig::new(shard_count);
+        coord_cfg.allocation_strategy = strategy;
         coord_cfg.rebalance_interval_ms = 5_000;
         coord_cfg.handoff_ack_timeout_ms = 8_000;
         coord_cfg.handoff_stop_retry_ms = 8_000;
