@@ -221,6 +221,22 @@ pub async fn start_node_with(
     reg: &Arc<Registry>,
     faults: Option<&FaultInjector>,
 ) -> Node {
+    start_node_configured(id, seed, shards, reg, faults, &|t| t).await
+}
+
+/// How a test changes the probe entity type (idle timeout, live-entity cap, ...).
+pub type Configure = dyn Fn(EntityType<Probe>) -> EntityType<Probe> + Sync;
+
+/// [`start_node_with`] with the probe type changed by `configure` (applied after the shard
+/// count).
+pub async fn start_node_configured(
+    id: &str,
+    seed: Option<&str>,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    configure: &Configure,
+) -> Node {
     init_tracing();
     let system = ActorSystem::new(id.to_string());
     let mut c = config(id);
@@ -240,7 +256,9 @@ pub async fn start_node_with(
     let r = reg.clone();
     let region = sharding
         .start_with(
-            EntityType::new(TYPE, move |eid: &str| Probe::new(eid, &node, &r)).shards(shards),
+            configure(
+                EntityType::new(TYPE, move |eid: &str| Probe::new(eid, &node, &r)).shards(shards),
+            ),
             settings(),
         )
         .expect("type starts");
@@ -320,11 +338,23 @@ pub async fn cluster_with(
     reg: &Arc<Registry>,
     faults: Option<&FaultInjector>,
 ) -> Vec<Node> {
-    let first = start_node_with("n0", None, shards, reg, faults).await;
+    cluster_configured(n, shards, reg, faults, &|t| t).await
+}
+
+/// [`cluster_with`] with the probe type changed by `configure` on every node.
+pub async fn cluster_configured(
+    n: usize,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    configure: &Configure,
+) -> Vec<Node> {
+    let first = start_node_configured("n0", None, shards, reg, faults, configure).await;
     let seed = first.id().address.clone();
     let mut nodes = vec![first];
     for i in 1..n {
-        nodes.push(start_node_with(&format!("n{i}"), Some(&seed), shards, reg, faults).await);
+        let id = format!("n{i}");
+        nodes.push(start_node_configured(&id, Some(&seed), shards, reg, faults, configure).await);
     }
     all_up(&nodes).await;
     registered(&nodes[0], n).await;
@@ -486,5 +516,38 @@ impl Streams {
             counts.push(t.await.expect("sender task"));
         }
         counts
+    }
+}
+
+/// Like [`await_streams`] with a count per entity: waits until every id of `counts` handled
+/// `0..counts[id][s]` from each sender `s` (polled), then checks exactly once each and in
+/// order.
+pub async fn await_counts(reg: &Registry, counts: &HashMap<String, Vec<u64>>) {
+    let expected: usize = counts.values().flatten().map(|n| *n as usize).sum();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reg.adds.load(Ordering::SeqCst) < expected {
+        if Instant::now() > deadline {
+            let journal = reg.journal.lock();
+            for (id, per_sender) in counts {
+                let got = journal.get(id).cloned().unwrap_or_default();
+                for (s, n) in per_sender.iter().enumerate() {
+                    let have = got.iter().filter(|(x, _)| *x == s as u32).count();
+                    if have as u64 != *n {
+                        eprintln!("{id} sender {s}: {have} of {n}");
+                    }
+                }
+            }
+            panic!(
+                "{} of {expected} numbers handled within 20 s",
+                reg.adds.load(Ordering::SeqCst)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(reg.adds.load(Ordering::SeqCst), expected, "duplicates");
+    for (id, per_sender) in counts {
+        for (s, n) in per_sender.iter().enumerate() {
+            reg.assert_stream(id, &[s as u32], *n);
+        }
     }
 }
