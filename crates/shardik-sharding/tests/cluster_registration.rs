@@ -57,6 +57,28 @@ async fn all_registered(nodes: &[Node], coord: usize, epoch: u64) {
     }
 }
 
+/// Polls `pred` (no event reports it) for [`WAIT`]; on timeout prints what each node knows
+/// (a region that says it is registered while the coordinator does not count it live took a
+/// late `RegisterAck` of the previous coordinator: see the ignored test below) and panics.
+async fn wait_or_explain(nodes: &[Node], what: &str, mut pred: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !pred() {
+        if std::time::Instant::now() > deadline {
+            for n in nodes {
+                eprintln!(
+                    "{}: coordinator {:?}, registration {:?}, stats {:?}",
+                    n.name(),
+                    n.sharding.coordinator(TYPE),
+                    n.sharding.wait_registered(TYPE, Duration::ZERO).await,
+                    n.region.stats()
+                );
+            }
+            panic!("{what}: not within {WAIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until no hand-off runs and no region of the coordinator on `coord` holds more than
 /// `ceil(allocated / regions)` shards (nothing left to rebalance; polled), then checks that
 /// every node reaches each entity at its latest home.
@@ -178,6 +200,12 @@ async fn type_started_on_every_node_before_it_is_up() {
 /// takes the coordinator over (a higher epoch), its region registers, shards are rebalanced
 /// to it, and it streams as well: every region ends registered with n0, and every number of
 /// every stream is handled exactly once and in order.
+///
+/// Fails now and then (2 to 4 runs in 100 on the 2-core machine) because of the bug the
+/// ignored test below replays: n0's region, started while its own node's directory entry
+/// did not list the type yet, registers with n1 first; n1's `RegisterAck` (epoch 1) arrives
+/// after the region switched to n0 and is taken as n0's, so n0's coordinator never counts
+/// its own region live: it is never given a shard and no hand-off can start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn older_member_starting_the_type_late_takes_over_without_loss() {
     let reg = Arc::new(Registry::default());
@@ -227,28 +255,15 @@ async fn older_member_starting_the_type_late_takes_over_without_loss() {
         })
         .collect();
     let streams = Streams::start(&nodes, &[(3, 1), (4, 2), (5, 0)], &ids);
-    let deadline = std::time::Instant::now() + WAIT;
-    while !nodes[0]
-        .sharding
-        .coordinator(TYPE)
-        .is_some_and(|c| c.epoch > first.epoch && c.state.regions.len() == 3)
-    {
-        if std::time::Instant::now() > deadline {
-            for n in &nodes {
-                eprintln!(
-                    "{}: coordinator {:?}, refusal {:?}, stats {:?}",
-                    n.name(),
-                    n.sharding.coordinator(TYPE),
-                    n.sharding.refusal(TYPE),
-                    n.region.stats()
-                );
-            }
-            panic!("n0 took over with every region: not within {WAIT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_or_explain(&nodes, "n0 took over with every region", || {
+        nodes[0]
+            .sharding
+            .coordinator(TYPE)
+            .is_some_and(|c| c.epoch > first.epoch && c.state.regions.len() == 3)
+    })
+    .await;
     // Until n0 hosts shards (rebalanced to it while the streams run).
-    poll("n0 hosts shards", WAIT, || !nodes[0].hosted().is_empty()).await;
+    wait_or_explain(&nodes, "n0 hosts shards", || !nodes[0].hosted().is_empty()).await;
     let counts = streams.stop().await;
     await_streams(
         &reg,
