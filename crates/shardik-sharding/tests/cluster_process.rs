@@ -379,6 +379,16 @@ async fn sigkilled_process_entities_answer_again_from_a_survivor() {
         outcomes[o.entity].push(o);
     }
 
+    let mut failed = std::collections::BTreeMap::<String, usize>::new();
+    for o in outcomes.iter().flatten() {
+        if let Err(err) = &o.res {
+            let kind = format!("{err:?}");
+            *failed
+                .entry(kind.split('(').next().unwrap_or_default().to_string())
+                .or_default() += 1;
+        }
+    }
+    eprintln!("failed asks by kind: {failed:?}");
     for (e, id) in ids.iter().enumerate() {
         let old = &before[e];
         // The answers: each matches its request; one incarnation before the kill, and for a
