@@ -4,6 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::ready;
 
 use parking_lot::Mutex;
+use shardik_sharding::cluster::{
+    replaces, RecordKey, ShardingRecord, ShardingStateStore, StateStoreFuture,
+};
 
 use crate::error::StoreError;
 use crate::record::{
@@ -24,10 +27,12 @@ struct Inner {
     streams: HashMap<String, Stream>,
     snapshots: HashMap<String, BTreeMap<u64, SnapshotRecord>>,
     states: HashMap<String, (StateRecord, Incarnation)>,
+    sharding: HashMap<(String, RecordKey), ShardingRecord>,
 }
 
-/// A [`Journal`], [`SnapshotStore`] and [`StateStore`] in memory, with the same checks as the
-/// durable backends. Nothing survives the process; share one `Arc` to share the data.
+/// A [`Journal`], [`SnapshotStore`], [`StateStore`] and [`ShardingStateStore`] in memory,
+/// with the same checks as the durable backends. Nothing survives the process; share one
+/// `Arc` to share the data (a test's "full restart" keeps the `Arc`).
 #[derive(Default)]
 pub struct InMemoryStore {
     inner: Mutex<Inner>,
@@ -215,5 +220,36 @@ impl StateStore for InMemoryStore {
             })
         };
         Box::pin(ready(result))
+    }
+}
+
+impl ShardingStateStore for InMemoryStore {
+    fn save_record<'a>(
+        &'a self,
+        node: &'a str,
+        record: &'a ShardingRecord,
+    ) -> StateStoreFuture<'a, bool> {
+        let mut inner = self.inner.lock();
+        let key = (node.to_string(), record.key.clone());
+        let stored = match inner.sharding.get(&key) {
+            Some(cur) if !replaces(record.rank, cur.rank) => false,
+            _ => {
+                inner.sharding.insert(key, record.clone());
+                true
+            }
+        };
+        Box::pin(ready(Ok(stored)))
+    }
+
+    fn load_records<'a>(&'a self, node: &'a str) -> StateStoreFuture<'a, Vec<ShardingRecord>> {
+        let records = self
+            .inner
+            .lock()
+            .sharding
+            .iter()
+            .filter(|((n, _), _)| n == node)
+            .map(|(_, r)| r.clone())
+            .collect();
+        Box::pin(ready(Ok(records)))
     }
 }

@@ -164,3 +164,28 @@ async fn postgres_refuses_an_unstorable_write_alone() {
     assert_eq!(good, Ok(1));
     assert_eq!(suite::amounts(&*store, "fine", 1).await, [(1, 2)]);
 }
+
+/// The sharding replica records are in the file: a reopened store loads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_sharding_state_survives_reopening_the_file() {
+    use shardik_sharding::cluster::{RecordKey, ShardingRecord, ShardingStateStore};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.db");
+    let record = ShardingRecord {
+        key: RecordKey::Entities {
+            type_name: "t".into(),
+            shard: 5,
+        },
+        rank: (3, 4),
+        bytes: b"ids".to_vec(),
+    };
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        assert_eq!(store.save_record("n1", &record).await, Ok(true));
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(
+        ShardingStateStore::load_records(&store, "n1").await,
+        Ok(vec![record])
+    );
+}

@@ -49,6 +49,10 @@ pub enum ShardingError {
         /// Why.
         reason: String,
     },
+    /// The cluster sharding state store failed to load, or was set too late (cluster
+    /// sharding already ran on the node).
+    #[error("cluster sharding state store: {0}")]
+    StateStore(String),
     /// No entity type of this name is started on this node.
     #[error("entity type {0:?} is not started on this node")]
     NotStarted(String),

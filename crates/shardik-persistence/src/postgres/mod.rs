@@ -6,6 +6,7 @@
 //! statements; reads use a small connection pool. Stream positions are checked under row
 //! locks (`SELECT … FOR UPDATE`), so writers on different nodes are serialized per stream.
 
+mod sharding;
 mod sql;
 mod writer;
 
@@ -50,7 +51,10 @@ impl Default for PostgresOptions {
     }
 }
 
-/// A [`Journal`], [`SnapshotStore`] and [`StateStore`] in PostgreSQL (no TLS).
+/// A [`Journal`], [`SnapshotStore`], [`StateStore`] and
+/// [`ShardingStateStore`](shardik_sharding::cluster::ShardingStateStore) in PostgreSQL (no
+/// TLS). Nodes sharing one schema each see only their own sharding records (keyed by node
+/// id).
 pub struct PostgresStore {
     pool: Pool,
     sql: Arc<Sql>,

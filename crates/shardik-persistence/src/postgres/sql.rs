@@ -19,6 +19,8 @@ pub(super) struct Sql {
     pub(super) state_delete: String,
     pub(super) state_read: String,
     pub(super) state_get: String,
+    pub(super) sharding_save: String,
+    pub(super) sharding_load: String,
 }
 
 /// True for a plain lower-case SQL identifier (letters, digits, `_`; not starting with a
@@ -67,7 +69,16 @@ impl Sql {
                      type_name TEXT NOT NULL,
                      version BIGINT NOT NULL,
                      payload BYTEA NOT NULL,
-                     written_at TIMESTAMPTZ NOT NULL DEFAULT now());"
+                     written_at TIMESTAMPTZ NOT NULL DEFAULT now());
+                 CREATE TABLE IF NOT EXISTS {s}.sharding_state (
+                     node_id TEXT NOT NULL,
+                     type_name TEXT NOT NULL,
+                     shard BIGINT NOT NULL,
+                     rank_major BIGINT NOT NULL,
+                     rank_minor BIGINT NOT NULL,
+                     payload BYTEA NOT NULL,
+                     written_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                     PRIMARY KEY (node_id, type_name, shard));"
             ),
             // The batch statements take arrays, one element per stream, state or event, so
             // a batch costs the same few statements however many writes it holds. Rows are
@@ -147,6 +158,22 @@ impl Sql {
             state_get: format!(
                 "SELECT revision, type_name, version, payload FROM {s}.durable_state
                  WHERE persistence_id = $1"
+            ),
+            // The newer-wins rule of the sharding replica in one statement: the row is
+            // replaced only by an equal or higher rank (0 rows affected otherwise).
+            sharding_save: format!(
+                "INSERT INTO {s}.sharding_state
+                 (node_id, type_name, shard, rank_major, rank_minor, payload)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (node_id, type_name, shard) DO UPDATE
+                 SET rank_major = excluded.rank_major, rank_minor = excluded.rank_minor,
+                 payload = excluded.payload, written_at = now()
+                 WHERE (excluded.rank_major, excluded.rank_minor)
+                 >= (sharding_state.rank_major, sharding_state.rank_minor)"
+            ),
+            sharding_load: format!(
+                "SELECT type_name, shard, rank_major, rank_minor, payload FROM {s}.sharding_state
+                 WHERE node_id = $1"
             ),
         }
     }

@@ -7,6 +7,7 @@
 //! WAL mode they do not wait for the writer.
 
 mod schema;
+mod sharding;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -61,7 +62,9 @@ struct Readers {
     next: AtomicUsize,
 }
 
-/// A [`Journal`], [`SnapshotStore`] and [`StateStore`] in one SQLite database file.
+/// A [`Journal`], [`SnapshotStore`], [`StateStore`] and
+/// [`ShardingStateStore`](shardik_sharding::cluster::ShardingStateStore) in one SQLite
+/// database file.
 ///
 /// Several processes on one machine may open the same file: SQLite's locking serializes
 /// their writers and the sequence-number checks keep each stream consistent.

@@ -7,7 +7,8 @@ use crate::error::StoreError;
 use crate::record::{PersistedEvent, SnapshotRecord, StateRecord};
 
 /// Tables: events per stream, the stream's position and newest writer (kept when events are
-/// deleted), snapshots, durable state. Numbers are stored as SQLite integers (`u64` values
+/// deleted), snapshots, durable state, and the cluster sharding replica of each node id
+/// (`sharding_state`, shard -1 = the coordinator state of the type). Numbers are stored as SQLite integers (`u64` values
 /// are bit-cast to `i64` and back).
 pub(super) const DDL: &str = "
 CREATE TABLE IF NOT EXISTS journal (
@@ -42,6 +43,16 @@ CREATE TABLE IF NOT EXISTS durable_state (
     version INTEGER NOT NULL,
     payload BLOB NOT NULL,
     written_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sharding_state (
+    node_id TEXT NOT NULL,
+    type_name TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    rank_major INTEGER NOT NULL,
+    rank_minor INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    written_at INTEGER NOT NULL,
+    PRIMARY KEY (node_id, type_name, shard)
 ) WITHOUT ROWID;
 ";
 

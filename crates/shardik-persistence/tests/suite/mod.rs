@@ -6,19 +6,22 @@
 
 mod entities;
 mod evolution;
+mod sharding;
 mod stores;
 
 pub use entities::*;
 pub use evolution::*;
+pub use sharding::*;
 pub use stores::*;
 
 use shardik_persistence::{AppendRequest, Journal, Payload, SnapshotStore, StateStore};
+use shardik_sharding::cluster::ShardingStateStore;
 
 use crate::common::AccountEvent;
 
 /// What every backend under test implements.
-pub trait Store: Journal + SnapshotStore + StateStore {}
-impl<S: Journal + SnapshotStore + StateStore> Store for S {}
+pub trait Store: Journal + SnapshotStore + StateStore + ShardingStateStore {}
+impl<S: Journal + SnapshotStore + StateStore + ShardingStateStore> Store for S {}
 
 /// Generates one `#[tokio::test]` per suite case for a backend.
 #[macro_export]
@@ -42,6 +45,8 @@ macro_rules! store_suite {
                 entity_snapshot_retention,
                 entity_conflict_is_not_acknowledged,
                 durable_state_restored,
+                sharding_state_newer_wins,
+                sharding_state_concurrent_writers_keep_the_highest,
             );
         }
     };

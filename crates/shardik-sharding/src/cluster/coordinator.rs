@@ -16,7 +16,8 @@ use tokio::sync::mpsc;
 
 use super::directory::Directory;
 use super::membership::{
-    coordinator_node, has_role, is_gone, is_leaving, is_stable, majority, quorum_members,
+    coordinator_node, has_role, is_gone, is_leaving, is_replaced, is_stable, majority,
+    quorum_members,
 };
 use super::replica::ReplicaStore;
 use super::settings::ClusterShardingSettings;
@@ -436,13 +437,23 @@ impl Active {
     /// Sends the target state to every member's replica (this node's directly). At most one
     /// write per replica is in flight: a replica that acknowledges an older version gets the
     /// newest state then, so a burst of updates costs one write per replica and round trip.
+    ///
+    /// With a durable replica store this node's own write is asynchronous too (it counts
+    /// once the store has it), like a remote one.
     fn replicate(&mut self, ctx: &Ctx) {
         self.last_replicate = Instant::now();
         let me = ctx.me().clone();
-        let ack = ctx.replicas.write(&ctx.type_name, self.target.clone());
+        let durable = ctx.replicas.is_durable();
+        let local = (!durable).then(|| ctx.replicas.write(&ctx.type_name, self.target.clone()));
         let timeout = ctx.settings.replication_timeout;
-        for node in ctx.quorum(&ctx.cluster.state()) {
-            if node == me || self.acked.get(&node).copied().unwrap_or(0) >= self.target.version {
+        let mut nodes = ctx.quorum(&ctx.cluster.state());
+        if durable && !nodes.contains(&me) {
+            nodes.push(me.clone());
+        }
+        for node in nodes {
+            if (node == me && !durable)
+                || self.acked.get(&node).copied().unwrap_or(0) >= self.target.version
+            {
                 continue;
             }
             if self
@@ -454,20 +465,33 @@ impl Active {
             }
             self.write_to(ctx, node);
         }
-        self.on_ack(ctx, me, ack);
+        if let Some(ack) = local {
+            self.on_ack(ctx, me, ack);
+        }
     }
 
     fn write_to(&mut self, ctx: &Ctx, node: UniqueAddress) {
         self.inflight.insert(node.clone(), Instant::now());
+        let tx = ctx.events.clone();
+        let state = self.target.clone();
+        let epoch = self.coord.epoch();
+        if node == *ctx.me() {
+            // Only with a durable store: acknowledged once the store has it.
+            let replicas = ctx.replicas.clone();
+            let type_name = ctx.type_name.clone();
+            tokio::spawn(async move {
+                if let Some(ack) = replicas.write_durable(&type_name, state).await {
+                    let _ = tx.send(CoordEvent::Acked { epoch, node, ack });
+                }
+            });
+            return;
+        }
         let r = ctx
             .cluster
             .remote()
             .lookup::<ReplicaReq>(REPLICA_PATH, &node.address);
-        let tx = ctx.events.clone();
         let type_name = ctx.type_name.clone();
-        let state = self.target.clone();
         let timeout = ctx.settings.replication_timeout;
-        let epoch = self.coord.epoch();
         tokio::spawn(async move {
             let res = r
                 .ask(
@@ -572,9 +596,12 @@ impl Active {
                         .shards
                         .values()
                         .all(|r| *r != region);
-                if left || since.elapsed() >= ctx.settings.down_margin {
+                // A replaced process (its node id runs again as a newer incarnation, as after
+                // a full cluster restart) no longer runs its entities: no margin either.
+                let replaced = is_replaced(state, &node);
+                if left || replaced || since.elapsed() >= ctx.settings.down_margin {
                     self.fed_down.insert(region.clone());
-                    tracing::info!(entity_type = %ctx.type_name, %region, "region down: its shards are reallocated");
+                    tracing::info!(entity_type = %ctx.type_name, %region, replaced, "region down: its shards are reallocated");
                     self.input(ctx, Input::RegionDown(region));
                 }
             } else if is_leaving(state, &node) && self.fed_leaving.insert(region.clone()) {

@@ -69,6 +69,20 @@ pub(crate) fn is_gone(state: &ClusterState, node: &UniqueAddress) -> bool {
         .is_none_or(|m| matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
 }
 
+/// Whether `node` was replaced by a newer process: it is gone (see [`is_gone`]) and a
+/// member with the same node id but another incarnation is in the view and not gone. The
+/// membership downs an old incarnation as soon as a new one of its node id joins; that
+/// process was restarted, so its entities no longer run (after a full cluster restart, every
+/// region of the recovered coordinator state is such a one).
+pub(crate) fn is_replaced(state: &ClusterState, node: &UniqueAddress) -> bool {
+    is_gone(state, node)
+        && state.members.iter().any(|m| {
+            m.node.node_id == node.node_id
+                && m.node.incarnation != node.incarnation
+                && !matches!(m.status, MemberStatus::Down | MemberStatus::Removed)
+        })
+}
+
 /// Whether `node` is leaving gracefully.
 pub(crate) fn is_leaving(state: &ClusterState, node: &UniqueAddress) -> bool {
     state
@@ -128,6 +142,19 @@ mod tests {
         // The quorum is the members with the role.
         assert_eq!(quorum_members(&s, Some("b")), vec![id(2), id(3)]);
         assert_eq!(quorum_members(&s, None).len(), 3);
+    }
+
+    #[test]
+    fn a_gone_incarnation_is_replaced_once_its_node_id_runs_again() {
+        let s = state(vec![member(1, 1, &[]), member(2, 2, &[])]);
+        let live = s.members[0].node.clone();
+        assert!(!is_replaced(&s, &live));
+        // An earlier incarnation of n1 (not in the view: e.g. before a full restart).
+        let old = UniqueAddress::new("10.0.0.9:7000", "n1", 0);
+        assert!(is_gone(&s, &old) && is_replaced(&s, &old));
+        // A node id that does not run now: gone, but not known to be replaced.
+        let other = UniqueAddress::new("10.0.0.9:7000", "n7", 0);
+        assert!(is_gone(&s, &other) && !is_replaced(&s, &other));
     }
 
     #[test]

@@ -58,6 +58,9 @@
 //!   `Persist` is answered with `Persisted(v)` only once a majority of the `Up`/`Leaving`
 //!   members acknowledged a state of version `v` or newer of this epoch. Replicas refuse states
 //!   older (by epoch, then version) than theirs, which fences a stale coordinator.
+//! * **State store** (`state_store.rs`, optional): a [`ShardingStateStore`] per node keeps
+//!   the replica (coordinator states and remembered entities) across a full cluster restart;
+//!   a replica then acknowledges a write only once the store has it.
 //!
 //! How it works in more detail, the guarantees and what is not done yet: `docs/sharding.md` and
 //! the "Cluster sharding" section of `docs/semantics.md`.
@@ -70,8 +73,12 @@ mod remember;
 mod replica;
 mod settings;
 mod sharding;
+mod state_store;
 mod wire;
 
 pub use coordinator::CoordinatorSnapshot;
 pub use settings::ClusterShardingSettings;
 pub use sharding::ClusterSharding;
+pub use state_store::{
+    replaces, RecordKey, ShardingRecord, ShardingStateStore, StateStoreError, StateStoreFuture,
+};

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::coordinator::CoordEvent;
 use super::directory::Directory;
-use super::membership::{coordinator_node, is_gone};
+use super::membership::{coordinator_node, is_gone, is_replaced};
 use super::remember::Remember;
 use super::wire::{
     coordinator_path, decoder, peer_path, region_addr, region_control_path, region_id, CoordWire,
@@ -165,6 +165,28 @@ where
         let mut g = self.inner.lock();
         // A home on a node this view already holds gone is stale (the coordinator waits
         // `down_margin` before it reallocates): drop it, keep buffering, ask again later.
+        // So is a home on a replaced process (its node id runs again with another
+        // incarnation, as after a full cluster restart): this region may never have seen
+        // it, so it is marked gone here, before anything is sent to it.
+        let homes: Vec<RegionId> = match &msg {
+            ToRegion::ShardHome { region, .. } => vec![region.clone()],
+            ToRegion::RegisterAck { homes, .. } => homes.iter().map(|(_, r)| r.clone()).collect(),
+            _ => Vec::new(),
+        };
+        if homes
+            .iter()
+            .any(|r| !g.gone.contains(r) && *r != self.self_id)
+        {
+            let state = self.cluster.state();
+            for r in homes {
+                let replaced =
+                    super::wire::region_node(&r).is_some_and(|n| is_replaced(&state, &n));
+                if replaced && g.gone.insert(r.clone()) {
+                    g.peers.remove(&r);
+                    self.handle_locked(&mut g, RegionInput::RegionDown(r));
+                }
+            }
+        }
         match &mut msg {
             ToRegion::ShardHome { region, shard, .. } if g.gone.contains(region) => {
                 tracing::debug!(entity_type = %self.type_name, shard, %region, "home on a gone node ignored");

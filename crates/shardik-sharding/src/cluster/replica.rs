@@ -1,27 +1,90 @@
 //! The replica endpoint: every node stores the latest coordinator state of every entity type
 //! it was sent, so that a new coordinator can read it back from a majority.
+//!
+//! With a [`ShardingStateStore`] (see
+//! [`ClusterSharding::with_state_store`](super::ClusterSharding::with_state_store)) every
+//! accepted write is stored durably before it is acknowledged and before reads see it, and
+//! the node loads what its store holds before it serves any request: a majority that
+//! acknowledged a coordinator state still holds it after a full cluster restart.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use shardik_remote::Remote;
 
+use super::state_store::{
+    decode, encode, RecordKey, ShardingRecord, ShardingStateStore, StateStoreError,
+};
 use super::wire::{decoder, EntitySet, ReplicaAck, ReplicaReq, REPLICA_PATH};
 use crate::coordination::CoordinatorState;
 use crate::hash::ShardId;
 
-/// The coordinator states this node holds, by entity type name.
+/// The durable side of a replica: the store, this node's id in it, and the entity sets
+/// waiting for their shard's write in flight (only the newest is written).
+struct Durable {
+    store: Arc<dyn ShardingStateStore>,
+    node: String,
+    queued: Mutex<HashMap<(String, ShardId), Option<EntitySet>>>,
+}
+
+/// The coordinator states this node holds, by entity type name, and the remembered entity
+/// sets by (type name, shard).
 #[derive(Default)]
 pub(crate) struct ReplicaStore {
     states: Mutex<HashMap<String, CoordinatorState>>,
     entities: Mutex<HashMap<(String, ShardId), EntitySet>>,
+    durable: Option<Durable>,
 }
 
 impl ReplicaStore {
-    /// Stores `state` unless the stored one is newer: a higher epoch, or the same epoch and a
-    /// higher version. A coordinator fenced off by a newer one is refused here, so it never
-    /// gathers a majority again.
+    /// A replica over `store` for node id `node`, holding what the store holds.
+    pub(crate) async fn load(
+        store: Arc<dyn ShardingStateStore>,
+        node: &str,
+    ) -> Result<ReplicaStore, StateStoreError> {
+        let records = store.load_records(node).await.inspect_err(|e| {
+            metrics::counter!("shardik_sharding_state_store_failures_total", "op" => "load")
+                .increment(1);
+            tracing::error!(node, "cannot load the sharding state: {e}");
+        })?;
+        let r = ReplicaStore {
+            durable: Some(Durable {
+                store,
+                node: node.to_string(),
+                queued: Mutex::new(HashMap::new()),
+            }),
+            ..ReplicaStore::default()
+        };
+        for rec in records {
+            match rec.key {
+                RecordKey::Coordinator { type_name } => {
+                    let state: CoordinatorState = decode(&rec.bytes)?;
+                    r.write(&type_name, state);
+                }
+                RecordKey::Entities { type_name, shard } => {
+                    let set: EntitySet = decode(&rec.bytes)?;
+                    r.apply_entities(&type_name, shard, set);
+                }
+            }
+        }
+        tracing::debug!(
+            node,
+            types = r.states.lock().len(),
+            shards = r.entities.lock().len(),
+            "sharding state loaded"
+        );
+        Ok(r)
+    }
+
+    /// Whether writes go to a durable store (and so complete asynchronously).
+    pub(crate) fn is_durable(&self) -> bool {
+        self.durable.is_some()
+    }
+
+    /// Stores `state` in memory unless the stored one is newer: a higher epoch, or the same
+    /// epoch and a higher version. A coordinator fenced off by a newer one is refused here, so
+    /// it never gathers a majority again. Without a store this is the whole write.
     pub(crate) fn write(&self, type_name: &str, state: CoordinatorState) -> ReplicaAck {
         let mut states = self.states.lock();
         let accepted = match states.get(type_name) {
@@ -39,13 +102,130 @@ impl ReplicaStore {
         }
     }
 
+    /// [`write`](Self::write), first storing `state` durably if this replica has a store.
+    /// `None` (no acknowledgement: the writer retries) if the store failed, or kept a newer
+    /// record that this replica's memory does not show yet.
+    pub(crate) async fn write_durable(
+        &self,
+        type_name: &str,
+        state: CoordinatorState,
+    ) -> Option<ReplicaAck> {
+        let Some(d) = &self.durable else {
+            return Some(self.write(type_name, state));
+        };
+        let rank = (state.epoch, state.version);
+        if let Some(refused) = self.refusal(type_name, rank) {
+            return Some(refused);
+        }
+        let record = encode(&state).map(|bytes| ShardingRecord {
+            key: RecordKey::Coordinator {
+                type_name: type_name.to_string(),
+            },
+            rank,
+            bytes,
+        });
+        let saved = match record {
+            Ok(record) => d.store.save_record(&d.node, &record).await,
+            Err(e) => Err(e),
+        };
+        match saved {
+            Ok(true) => Some(self.write(type_name, state)),
+            Ok(false) => self.refusal(type_name, rank),
+            Err(e) => {
+                store_failed(type_name, &e);
+                None
+            }
+        }
+    }
+
+    /// The refusal of a write of rank `rank` if the state held is newer.
+    fn refusal(&self, type_name: &str, rank: (u64, u64)) -> Option<ReplicaAck> {
+        let states = self.states.lock();
+        let cur = states.get(type_name)?;
+        ((cur.epoch, cur.version) > rank).then_some(ReplicaAck {
+            accepted: false,
+            epoch: cur.epoch,
+            version: cur.version,
+        })
+    }
+
     /// The stored state of a type.
     pub(crate) fn read(&self, type_name: &str) -> Option<CoordinatorState> {
         self.states.lock().get(type_name).cloned()
     }
 
     /// Stores the remembered entities of a shard unless the stored set has a higher stamp.
-    pub(crate) fn write_entities(&self, type_name: &str, shard: ShardId, set: EntitySet) {
+    /// With a store, the set is stored durably first (one write per shard at a time; sets
+    /// that arrive meanwhile are coalesced into the newest); a failed write is logged and
+    /// repaired by the shard's next write, like a write lost on the network.
+    pub(crate) fn write_entities(
+        self: &Arc<Self>,
+        type_name: &str,
+        shard: ShardId,
+        set: EntitySet,
+    ) {
+        let Some(d) = &self.durable else {
+            self.apply_entities(type_name, shard, set);
+            return;
+        };
+        let key = (type_name.to_string(), shard);
+        {
+            let mut queued = d.queued.lock();
+            if let Some(next) = queued.get_mut(&key) {
+                // A write of this shard is in flight: it writes the newest set after it.
+                if next.as_ref().is_none_or(|n| set.stamp >= n.stamp) {
+                    *next = Some(set);
+                }
+                return;
+            }
+            queued.insert(key.clone(), None);
+        }
+        let me = self.clone();
+        tokio::spawn(async move { me.store_entities(key, set).await });
+    }
+
+    async fn store_entities(&self, key: (String, ShardId), mut set: EntitySet) {
+        let Some(d) = &self.durable else { return };
+        let (type_name, shard) = (key.0.as_str(), key.1);
+        loop {
+            let newer_held = self
+                .entities
+                .lock()
+                .get(&key)
+                .is_some_and(|cur| cur.stamp > set.stamp);
+            if !newer_held {
+                let saved = match encode(&set) {
+                    Ok(bytes) => {
+                        let record = ShardingRecord {
+                            key: RecordKey::Entities {
+                                type_name: type_name.to_string(),
+                                shard,
+                            },
+                            rank: set.stamp,
+                            bytes,
+                        };
+                        d.store.save_record(&d.node, &record).await
+                    }
+                    Err(e) => Err(e),
+                };
+                match saved {
+                    Ok(true) => self.apply_entities(type_name, shard, set),
+                    Ok(false) => {}
+                    Err(e) => store_failed(type_name, &e),
+                }
+            }
+            let mut queued = d.queued.lock();
+            match queued.get_mut(&key).and_then(Option::take) {
+                Some(next) => set = next,
+                None => {
+                    queued.remove(&key);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn apply_entities(&self, type_name: &str, shard: ShardId, set: EntitySet) {
         let mut e = self.entities.lock();
         let key = (type_name.to_string(), shard);
         if e.get(&key).is_none_or(|cur| set.stamp >= cur.stamp) {
@@ -62,7 +242,7 @@ impl ReplicaStore {
     }
 
     /// Every remembered entity id of a type this replica holds.
-    pub(crate) fn remembered(&self, type_name: &str) -> std::collections::BTreeSet<String> {
+    pub(crate) fn remembered(&self, type_name: &str) -> BTreeSet<String> {
         self.entities
             .lock()
             .iter()
@@ -81,7 +261,18 @@ impl ReplicaStore {
                     type_name,
                     state,
                     reply,
-                } => reply.reply(me.write(&type_name, state)),
+                } => {
+                    if me.is_durable() {
+                        let me = me.clone();
+                        tokio::spawn(async move {
+                            if let Some(ack) = me.write_durable(&type_name, state).await {
+                                reply.reply(ack);
+                            }
+                        });
+                    } else {
+                        reply.reply(me.write(&type_name, state));
+                    }
+                }
                 ReplicaReq::Read { type_name, reply } => reply.reply(me.read(&type_name)),
                 ReplicaReq::WriteEntities {
                     type_name,
@@ -96,6 +287,12 @@ impl ReplicaStore {
             }),
         );
     }
+}
+
+/// A durable write failed: logged at error level and counted; never acknowledged.
+fn store_failed(type_name: &str, e: &StateStoreError) {
+    metrics::counter!("shardik_sharding_state_store_failures_total", "op" => "save").increment(1);
+    tracing::error!(entity_type = %type_name, "sharding state not stored (not acknowledged): {e}");
 }
 
 #[cfg(test)]
@@ -121,5 +318,141 @@ mod tests {
         assert_eq!((ack.epoch, ack.version), (2, 4));
         assert_eq!(r.read("t").unwrap().version, 4);
         assert!(r.read("other").is_none());
+    }
+}
+
+#[cfg(test)]
+mod durable_tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::super::state_store::{replaces, StateStoreFuture};
+    use super::*;
+
+    /// A store in memory that fails every operation while `fail` is set.
+    #[derive(Default)]
+    struct TestStore {
+        records: Mutex<HashMap<(String, RecordKey), ShardingRecord>>,
+        fail: AtomicBool,
+    }
+
+    impl ShardingStateStore for TestStore {
+        fn save_record<'a>(
+            &'a self,
+            node: &'a str,
+            record: &'a ShardingRecord,
+        ) -> StateStoreFuture<'a, bool> {
+            Box::pin(async move {
+                if self.fail.load(Ordering::SeqCst) {
+                    return Err(StateStoreError("injected".into()));
+                }
+                let mut r = self.records.lock();
+                let key = (node.to_string(), record.key.clone());
+                if r.get(&key)
+                    .is_some_and(|cur| !replaces(record.rank, cur.rank))
+                {
+                    return Ok(false);
+                }
+                r.insert(key, record.clone());
+                Ok(true)
+            })
+        }
+
+        fn load_records<'a>(&'a self, node: &'a str) -> StateStoreFuture<'a, Vec<ShardingRecord>> {
+            Box::pin(async move {
+                if self.fail.load(Ordering::SeqCst) {
+                    return Err(StateStoreError("injected".into()));
+                }
+                Ok(self
+                    .records
+                    .lock()
+                    .iter()
+                    .filter(|((n, _), _)| n == node)
+                    .map(|(_, r)| r.clone())
+                    .collect())
+            })
+        }
+    }
+
+    fn state(epoch: u64, version: u64) -> CoordinatorState {
+        let mut s = CoordinatorState::new(10);
+        s.epoch = epoch;
+        s.version = version;
+        s
+    }
+
+    fn set(stamp: (u64, u64), ids: &[&str]) -> EntitySet {
+        EntitySet {
+            stamp,
+            ids: ids.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn acknowledged_writes_survive_a_reload_and_failed_ones_are_not_acknowledged() {
+        let store = Arc::new(TestStore::default());
+        let r = ReplicaStore::load(store.clone(), "n1").await.unwrap();
+        assert!(r.is_durable());
+        let ack = r.write_durable("t", state(1, 3)).await.unwrap();
+        assert!(ack.accepted);
+        // Refused by the newer-wins rule without touching the store.
+        store.fail.store(true, Ordering::SeqCst);
+        let ack = r.write_durable("t", state(1, 2)).await.unwrap();
+        assert!(!ack.accepted);
+        assert_eq!((ack.epoch, ack.version), (1, 3));
+        // A failing store: no acknowledgement, and reads do not see the state.
+        assert_eq!(r.write_durable("t", state(1, 4)).await, None);
+        assert_eq!(r.read("t").unwrap().version, 3);
+        store.fail.store(false, Ordering::SeqCst);
+        // The writer's retry succeeds.
+        assert!(r.write_durable("t", state(1, 4)).await.unwrap().accepted);
+
+        // Another node id in the same store sees nothing of n1's.
+        let other = ReplicaStore::load(store.clone(), "n2").await.unwrap();
+        assert!(other.read("t").is_none());
+        // A new process of n1 finds what was acknowledged.
+        let again = ReplicaStore::load(store.clone(), "n1").await.unwrap();
+        assert_eq!(again.read("t"), Some(state(1, 4)));
+        // A failing load is an error, not an empty replica.
+        store.fail.store(true, Ordering::SeqCst);
+        assert!(ReplicaStore::load(store, "n1").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn entity_sets_are_stored_newest_first_and_reloaded() {
+        let store = Arc::new(TestStore::default());
+        let r = Arc::new(ReplicaStore::load(store.clone(), "n1").await.unwrap());
+        // Several writes of one shard in a row: coalesced, the newest stays.
+        r.write_entities("t", 3, set((1, 1), &["a"]));
+        r.write_entities("t", 3, set((1, 3), &["a", "b", "c"]));
+        r.write_entities("t", 3, set((1, 2), &["a", "b"]));
+        r.write_entities("t", 4, set((2, 1), &["x"]));
+        // The writes run on tasks: wait until the store holds the newest of each shard.
+        let durable = || {
+            let recs = store.records.lock();
+            let rank = |shard| {
+                recs.get(&(
+                    "n1".to_string(),
+                    RecordKey::Entities {
+                        type_name: "t".into(),
+                        shard,
+                    },
+                ))
+                .map(|r| r.rank)
+            };
+            rank(3) == Some((1, 3)) && rank(4) == Some((2, 1))
+        };
+        for _ in 0..1000 {
+            if durable() && r.read_entities("t", 3).is_some_and(|s| s.stamp == (1, 3)) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(durable());
+        let again = ReplicaStore::load(store, "n1").await.unwrap();
+        assert_eq!(
+            again.read_entities("t", 3),
+            Some(set((1, 3), &["a", "b", "c"]))
+        );
+        assert_eq!(again.remembered("t").len(), 4);
     }
 }

@@ -19,6 +19,7 @@ use super::region::{ClusterRegion, RegionRole, Registration};
 use super::remember::Remember;
 use super::replica::ReplicaStore;
 use super::settings::ClusterShardingSettings;
+use super::state_store::ShardingStateStore;
 use super::wire::{coordinator_path, decoder};
 use crate::coordination::{RegisterError, ToRegion};
 use crate::entity::EntityType;
@@ -107,23 +108,62 @@ struct Slot(ClusterSharding);
 
 impl ClusterSharding {
     /// The cluster sharding extension of `cluster`'s node (created on first use, which also
-    /// starts this node's coordinator-state replica).
+    /// starts this node's coordinator-state replica, in memory unless
+    /// [`with_state_store`](Self::with_state_store) created it).
     pub fn get(cluster: &Cluster) -> ClusterSharding {
         let system = cluster.remote().system().clone();
         let slot = system.extension(|_| {
             let replicas = Arc::new(ReplicaStore::default());
             replicas.serve(cluster.remote());
-            Slot(ClusterSharding {
-                inner: Arc::new(Inner {
-                    cluster: cluster.clone(),
-                    replicas,
-                    directory: Directory::start(cluster),
-                    clock: Instant::now(),
-                    types: Mutex::new(HashMap::new()),
-                }),
-            })
+            Slot(ClusterSharding::build(cluster, replicas))
         });
         slot.0.clone()
+    }
+
+    /// The cluster sharding extension of `cluster`'s node with its replica of the sharding
+    /// state (coordinator states, remembered entities) kept in `store` under this node's
+    /// node id, so that it survives a full cluster restart. Loads what `store` holds for
+    /// this node id before the replica answers anyone; from then on a write is acknowledged
+    /// only once `store` has it. Call it once per node, before anything else uses
+    /// [`ClusterSharding`] on that node (and before starting entity types).
+    ///
+    /// # Errors
+    /// [`ShardingError::StateStore`] if loading failed, or if cluster sharding was already
+    /// started on this node (with [`get`](Self::get) or another store).
+    pub async fn with_state_store(
+        cluster: &Cluster,
+        store: Arc<dyn ShardingStateStore>,
+    ) -> Result<ClusterSharding, ShardingError> {
+        let system = cluster.remote().system().clone();
+        let node = cluster.self_node().node_id.clone();
+        let replicas = Arc::new(
+            ReplicaStore::load(store, &node)
+                .await
+                .map_err(|e| ShardingError::StateStore(e.to_string()))?,
+        );
+        let mine = replicas.clone();
+        let slot = system.extension(|_| {
+            mine.serve(cluster.remote());
+            Slot(ClusterSharding::build(cluster, mine))
+        });
+        if !Arc::ptr_eq(&slot.0.inner.replicas, &replicas) {
+            return Err(ShardingError::StateStore(format!(
+                "cluster sharding already runs on node {node}: set the state store first"
+            )));
+        }
+        Ok(slot.0.clone())
+    }
+
+    fn build(cluster: &Cluster, replicas: Arc<ReplicaStore>) -> ClusterSharding {
+        ClusterSharding {
+            inner: Arc::new(Inner {
+                cluster: cluster.clone(),
+                replicas,
+                directory: Directory::start(cluster),
+                clock: Instant::now(),
+                types: Mutex::new(HashMap::new()),
+            }),
+        }
     }
 
     /// Starts `entity` on this node with default [`ClusterShardingSettings`] and returns its

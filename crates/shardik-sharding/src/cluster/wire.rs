@@ -106,7 +106,7 @@ pub(crate) struct EntitySet {
 }
 
 /// The answer to [`ReplicaReq::Write`]: whether it was stored, and the stored epoch/version.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ReplicaAck {
     pub(crate) accepted: bool,
     pub(crate) epoch: Epoch,
