@@ -3,6 +3,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use shardik_sharding::cluster::{
+    ShardingRecord, ShardingStateStore, StateStoreError, StateStoreFuture,
+};
+
 use crate::error::StoreError;
 use crate::record::{AppendRequest, PersistedEvent, SnapshotRecord, StateRecord, StateWrite};
 use crate::store::{Journal, SnapshotStore, StateStore, StoreFuture};
@@ -146,5 +150,27 @@ impl<S: StateStore> StateStore for FaultyStore<S> {
         expected_revision: u64,
     ) -> StoreFuture<'a, ()> {
         self.gated_write(|| self.inner.delete(persistence_id, expected_revision))
+    }
+}
+
+/// Writes are refused while [`fail_writes`](FaultyStore::fail_writes) is on, loads while
+/// [`fail_reads`](FaultyStore::fail_reads) is.
+impl<S: ShardingStateStore> ShardingStateStore for FaultyStore<S> {
+    fn save_record<'a>(
+        &'a self,
+        node: &'a str,
+        record: &'a ShardingRecord,
+    ) -> StateStoreFuture<'a, bool> {
+        match self.gate(&self.fail_writes, "write") {
+            Ok(()) => self.inner.save_record(node, record),
+            Err(e) => Box::pin(std::future::ready(Err(StateStoreError(e.to_string())))),
+        }
+    }
+
+    fn load_records<'a>(&'a self, node: &'a str) -> StateStoreFuture<'a, Vec<ShardingRecord>> {
+        match self.gate(&self.fail_reads, "read") {
+            Ok(()) => self.inner.load_records(node),
+            Err(e) => Box::pin(std::future::ready(Err(StateStoreError(e.to_string())))),
+        }
     }
 }
