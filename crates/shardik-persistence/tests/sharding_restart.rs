@@ -19,7 +19,8 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use shardik_actor::{Actor, ActorError, Context, ReplyTo};
 use shardik_persistence::{PostgresOptions, PostgresStore, SqliteStore};
-use shardik_sharding::cluster::{ClusterShardingSettings, ShardingStateStore};
+use shardik_sharding::cluster::{ClusterShardingSettings, RecordKey, ShardingStateStore};
+use shardik_sharding::coordination::CoordinatorState;
 use shardik_sharding::{shard_of, EntityType, Region, ShardId};
 
 use cluster_util::{coordinator_where, members, poll, region_of_member, stop_all, Member};
@@ -155,30 +156,44 @@ where
         },
     )
     .await;
+    let used: BTreeSet<ShardId> = ids.iter().map(|id| shard_of(id, SHARDS)).collect();
     let before = coordinator_where(&nodes, TYPE, "coordinator of the first life", |c| {
-        c.state.shards.len()
-            == all
-                .iter()
-                .map(|id| shard_of(id, SHARDS))
-                .collect::<BTreeSet<_>>()
-                .len()
+        c.state.shards.keys().copied().collect::<BTreeSet<_>>() == used
     })
     .await;
-    let used: BTreeSet<ShardId> = ids.iter().map(|id| shard_of(id, SHARDS)).collect();
-    assert_eq!(
-        before.state.shards.keys().copied().collect::<BTreeSet<_>>(),
-        used
-    );
     assert_eq!(reg.running(), all);
     stop_all(&nodes).await;
     drop(regions);
     drop(nodes);
-    drop(stores);
     assert!(
         reg.running().is_empty(),
         "every entity stopped with its node"
     );
     reg.assert_single_writer();
+    // A majority of the stores holds the allocation the coordinator acted on (or a newer
+    // state of it).
+    let mut holding = 0;
+    for (i, store) in stores.iter().enumerate() {
+        let records = store.load_records(&format!("n{i}")).await.unwrap();
+        let state = records.iter().find_map(|r| match &r.key {
+            RecordKey::Coordinator { type_name } if type_name == TYPE => {
+                let s: CoordinatorState = rmp_serde::from_slice(&r.bytes).expect("decodes");
+                Some(s)
+            }
+            _ => None,
+        });
+        let newer =
+            |s: &CoordinatorState| (s.epoch, s.version) >= (before.epoch, before.state.version);
+        if let Some(s) = state.filter(newer) {
+            assert_eq!(s.shards.keys().copied().collect::<BTreeSet<_>>(), used);
+            holding += 1;
+        }
+    }
+    assert!(
+        holding >= 2,
+        "{holding} stores hold the last acted-on allocation"
+    );
+    drop(stores);
 
     // ---- Second life: new processes, same node ids, same storage, no message at all.
     let reg = Arc::new(Registry::default());
