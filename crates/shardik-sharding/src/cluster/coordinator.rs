@@ -217,6 +217,11 @@ impl CoordinatorDriver {
             self.recovery = None;
             return;
         }
+        if self.active.is_none() && self.ctx.quorum(&state).len() < self.ctx.settings.min_quorum {
+            // Too few members to trust a majority read (see `min_quorum`): wait for more.
+            self.recovery = None;
+            return;
+        }
         if self.active.as_ref().is_some_and(|a| a.fenced) {
             // A newer coordinator wrote to the replicas; start over from their state.
             self.active = None;

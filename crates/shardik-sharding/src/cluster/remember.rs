@@ -40,6 +40,8 @@ pub(crate) struct Remember {
     pub(crate) replicas: Arc<ReplicaStore>,
     pub(crate) role: Option<String>,
     pub(crate) timeout: Duration,
+    /// Fewer quorum members than this: no read counts as a majority (`min_quorum`).
+    pub(crate) min_quorum: usize,
     pub(crate) start: StartEntity,
     shards: Mutex<HashMap<ShardId, ShardMem>>,
     next_gen: Mutex<u64>,
@@ -52,6 +54,7 @@ impl Remember {
         replicas: Arc<ReplicaStore>,
         role: Option<String>,
         timeout: Duration,
+        min_quorum: usize,
         start: StartEntity,
     ) -> Arc<Self> {
         Arc::new(Remember {
@@ -60,6 +63,7 @@ impl Remember {
             replicas,
             role,
             timeout,
+            min_quorum,
             start,
             shards: Mutex::new(HashMap::new()),
             next_gen: Mutex::new(0),
@@ -155,6 +159,9 @@ impl Remember {
     async fn read_majority(&self, shard: ShardId) -> Option<EntitySet> {
         let state = self.cluster.state();
         let members = quorum_members(&state, self.role.as_deref());
+        if members.len() < self.min_quorum {
+            return None;
+        }
         let need = majority(members.len().max(1));
         let me = self.cluster.self_node().clone();
         let mut answered = 0;

@@ -49,6 +49,14 @@ pub struct ClusterShardingSettings {
     /// that first sent to it. Configure the same strategy on every node (the coordinator may
     /// move to any of them).
     pub allocation_strategy: Arc<dyn AllocationStrategy>,
+    /// The type's coordinator starts (reads the replicated state from a majority) and a new
+    /// home of a shard reads its remembered entities only while at least this many members
+    /// (`Up` or `Leaving`, with the type's role) are in the view. With a
+    /// [state store](super::ClusterSharding::with_state_store), set it to a majority of the
+    /// cluster's full size: after a full restart the first node up would otherwise be a
+    /// majority of itself and start from its own copy, which may miss what the other nodes
+    /// acknowledged. A running coordinator is not stopped when members leave. Default 1.
+    pub min_quorum: usize,
 }
 
 impl Default for ClusterShardingSettings {
@@ -65,6 +73,7 @@ impl Default for ClusterShardingSettings {
             role: None,
             remember_entities: false,
             allocation_strategy: Arc::new(LeastShards),
+            min_quorum: 1,
         }
     }
 }
@@ -91,6 +100,12 @@ impl ClusterShardingSettings {
     /// Sets [`remember_entities`](Self::remember_entities).
     pub fn remember_entities(mut self, on: bool) -> Self {
         self.remember_entities = on;
+        self
+    }
+
+    /// Sets [`min_quorum`](Self::min_quorum).
+    pub fn min_quorum(mut self, n: usize) -> Self {
+        self.min_quorum = n;
         self
     }
 

@@ -125,7 +125,10 @@ impl ClusterSharding {
     /// node id, so that it survives a full cluster restart. Loads what `store` holds for
     /// this node id before the replica answers anyone; from then on a write is acknowledged
     /// only once `store` has it. Call it once per node, before anything else uses
-    /// [`ClusterSharding`] on that node (and before starting entity types).
+    /// [`ClusterSharding`] on that node (and before starting entity types), and start the
+    /// types with [`min_quorum`](ClusterShardingSettings::min_quorum) set to a majority of
+    /// the full cluster, so that after a full restart the first node up does not start
+    /// from its own copy alone.
     ///
     /// # Errors
     /// [`ShardingError::StateStore`] if loading failed, or if cluster sharding was already
@@ -316,6 +319,7 @@ impl ClusterSharding {
                 self.inner.replicas.clone(),
                 settings.role.clone(),
                 settings.replication_timeout,
+                settings.min_quorum,
                 Arc::new(move |shard: ShardId, id: &str| host.start_entity(shard, id)),
             )
         });
