@@ -86,7 +86,14 @@ pub struct ShardingRecord {
     pub bytes: Vec<u8>,
 }
 
-/// Durable storage of a node's sharding replica: see the [module docs](self).
+/// Durable storage of a node's sharding replica: the coordinator state of every entity
+/// type and the remembered entities of every shard, so that a full cluster restart finds
+/// them again.
+///
+/// The sharding layer encodes the values itself (named-field MessagePack) and hands the store
+/// opaque [`ShardingRecord`]s: a key, a rank and the bytes. A store keeps, per node and key,
+/// the record with the highest rank ([`replaces`]: an equal rank replaces the stored record,
+/// so a retried write succeeds), atomically with respect to concurrent saves of that key.
 ///
 /// Records are keyed by the node's **node id** (`ClusterConfig`'s human-readable id, stable
 /// across restarts; the incarnation is not), so several nodes can share one database (one
