@@ -6,10 +6,10 @@ use shardik_actor::{Actor, ActorError, Context};
 
 use crate::codec::{Payload, Versioned};
 use crate::effect::StateEffect;
-use crate::error::PersistenceError;
+use crate::error::{PersistenceError, StoreError};
 use crate::event_sourced::persist_failed;
 use crate::persistence::Persistence;
-use crate::record::StateWrite;
+use crate::record::{Incarnation, StateWrite};
 use crate::settings::PersistSettings;
 
 /// An entity whose whole state is saved on every change and loaded on start.
@@ -60,6 +60,8 @@ pub struct DurableStateEntity<B: DurableState> {
     state: B::State,
     revision: u64,
     recovered: bool,
+    /// The writer incarnation, fixed by the first successful save (see `save`).
+    writer: Option<Incarnation>,
 }
 
 impl<B: DurableState> DurableStateEntity<B> {
@@ -78,6 +80,7 @@ impl<B: DurableState> DurableStateEntity<B> {
             state: B::State::default(),
             revision: 0,
             recovered: false,
+            writer: None,
         }
     }
 
@@ -97,13 +100,28 @@ impl<B: DurableState> DurableStateEntity<B> {
     }
 
     async fn save(&mut self, state: B::State) -> Result<(), PersistenceError> {
-        let write = StateWrite {
+        let mut write = StateWrite {
             persistence_id: self.persistence_id.clone(),
             expected_revision: self.revision,
-            writer: self.persistence.incarnation(),
+            writer: self.writer.unwrap_or(self.persistence.incarnation()),
             payload: Payload::encode(&state)?,
         };
-        self.revision = self.persistence.states().upsert(write).await?;
+        let states = self.persistence.states();
+        let mut writer = write.writer;
+        self.revision = match self.writer {
+            Some(_) => states.upsert(write).await?,
+            // The first save of this incarnation of the entity: above a newer node's writer
+            // if the state moved here from one (as for event-sourced entities).
+            None => match states.upsert(write.clone()).await {
+                Err(StoreError::Fenced { current, .. }) => {
+                    writer = current + 1;
+                    write.writer = writer;
+                    states.upsert(write).await?
+                }
+                r => r?,
+            },
+        };
+        self.writer = Some(writer);
         self.state = state;
         metrics::counter!("shardik_persistence_states_saved_total").increment(1);
         Ok(())

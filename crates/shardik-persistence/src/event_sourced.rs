@@ -6,9 +6,9 @@ use shardik_actor::{Actor, ActorError, Context};
 
 use crate::codec::{Payload, Versioned};
 use crate::effect::Effect;
-use crate::error::PersistenceError;
+use crate::error::{PersistenceError, StoreError};
 use crate::persistence::Persistence;
-use crate::record::{AppendRequest, SnapshotRecord};
+use crate::record::{AppendRequest, Incarnation, SnapshotRecord};
 use crate::settings::{OnPersistFailure, PersistSettings};
 
 /// An entity whose state is the fold of the events it persisted.
@@ -81,6 +81,9 @@ pub struct EventSourcedEntity<B: EventSourced> {
     state: B::State,
     seq_nr: u64,
     recovered: bool,
+    /// The writer incarnation this incarnation of the entity writes with, fixed by its first
+    /// successful write (see `persist`).
+    writer: Option<Incarnation>,
 }
 
 impl<B: EventSourced> EventSourcedEntity<B> {
@@ -99,6 +102,7 @@ impl<B: EventSourced> EventSourcedEntity<B> {
             state: B::State::default(),
             seq_nr: 0,
             recovered: false,
+            writer: None,
         }
     }
 
@@ -202,13 +206,33 @@ impl<B: EventSourced> EventSourcedEntity<B> {
             .iter()
             .map(Payload::encode)
             .collect::<Result<Vec<_>, _>>()?;
-        let request = AppendRequest {
+        let mut request = AppendRequest {
             persistence_id: self.persistence_id.clone(),
             expected_seq_nr: self.seq_nr,
-            writer: self.persistence.incarnation(),
+            writer: self.writer.unwrap_or(self.persistence.incarnation()),
             events: payloads,
         };
-        let highest = self.persistence.journal().append(request).await?;
+        let mut writer = request.writer;
+        let highest = match self.writer {
+            Some(_) => self.persistence.journal().append(request).await?,
+            None => {
+                let journal = self.persistence.journal();
+                match journal.append(request.clone()).await {
+                    // The first write of this incarnation of the entity, and the stream was
+                    // last written from a node whose `Persistence` is newer (its shard moved
+                    // here from a younger node): this entity owns the stream now, so it writes
+                    // above that writer, which fences the previous owner out. The position
+                    // check still refuses the write if anyone appended after the recovery.
+                    Err(StoreError::Fenced { current, .. }) => {
+                        writer = current + 1;
+                        request.writer = writer;
+                        journal.append(request).await?
+                    }
+                    r => r?,
+                }
+            }
+        };
+        self.writer = Some(writer);
         let before = self.seq_nr;
         metrics::counter!("shardik_persistence_events_persisted_total")
             .increment(events.len() as u64);

@@ -132,6 +132,30 @@ pub async fn entity_conflict_is_not_acknowledged<S: Store>(store: Arc<S>) {
     system.shutdown().await;
 }
 
+/// A stream moves to a node whose `Persistence` is older than the one that last wrote it
+/// (a shard failing over to an older node): the entity's first write there takes over above
+/// that writer, and the previous owner, should it still run, is fenced out from then on.
+pub async fn older_node_takes_a_stream_over_and_fences_the_previous_owner<S: Store>(store: Arc<S>) {
+    let system = ActorSystem::new("suite");
+    let pid = persistence_id("account", "moved");
+    let young = persistence(store.clone()).with_incarnation(1_000);
+    let old = persistence(store.clone()).with_incarnation(10);
+    let settings = PersistSettings::default;
+    let first = system.spawn_props(young.event_sourced_props(&pid, settings(), || Bank));
+    assert_eq!(first.ask(|r| AccountCmd::Deposit(10, r), T).await, Ok(10));
+    // The shard moves to the node with the older incarnation: it recovers and writes.
+    let second = system.spawn_props(old.event_sourced_props(&pid, settings(), || Bank));
+    assert_eq!(second.ask(|r| AccountCmd::Deposit(5, r), T).await, Ok(15));
+    assert_eq!(second.ask(|r| AccountCmd::Deposit(1, r), T).await, Ok(16));
+    // The previous owner (still running, it wrote before) is fenced: never acknowledged.
+    assert_eq!(
+        first.ask(|r| AccountCmd::Deposit(100, r), T).await,
+        Err(AskError::NoReply)
+    );
+    assert_eq!(amounts(&*store, &pid, 1).await, [(1, 10), (2, 5), (3, 1)]);
+    system.shutdown().await;
+}
+
 pub async fn durable_state_restored<S: Store>(store: Arc<S>) {
     for round in 1..=2u64 {
         let system = ActorSystem::new("suite");

@@ -44,6 +44,7 @@ macro_rules! store_suite {
                 entity_recovers_from_snapshot_and_events,
                 entity_snapshot_retention,
                 entity_conflict_is_not_acknowledged,
+                older_node_takes_a_stream_over_and_fences_the_previous_owner,
                 durable_state_restored,
                 sharding_state_newer_wins,
                 sharding_state_concurrent_writers_keep_the_highest,
