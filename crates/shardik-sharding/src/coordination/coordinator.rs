@@ -965,7 +965,6 @@ impl Coordinator {
         if !self.leaving.is_empty() || !self.pending.is_empty() {
             return;
         }
-        self.last_rebalance = Some(self.now);
         // No hand-off runs: these are exactly the allocated shards of the eligible regions.
         let per_region = self.allocation_regions();
         let total: usize = per_region.values().map(Vec::len).sum();
@@ -990,8 +989,11 @@ impl Coordinator {
                  the round limit); dropped"
             );
         }
+        // The interval runs from the last round that moved something: a balanced coordinator
+        // starts the first round as soon as a new region makes it unbalanced.
         if !moves.is_empty() {
             self.stats.rebalance_rounds += 1;
+            self.last_rebalance = Some(self.now);
         }
         for m in moves {
             self.start_handoff(m.shard, Some(m.to), out);

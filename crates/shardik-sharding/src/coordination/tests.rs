@@ -271,6 +271,34 @@ fn rebalance_waits_for_stable_membership() {
 }
 
 #[test]
+fn balanced_coordinator_rebalances_as_soon_as_a_region_joins() {
+    let mut c = coordinator(4, &["a"]);
+    allocate(&mut c, 0..4);
+    let mut out = Vec::new();
+    c.handle(0, Input::MembershipStable(true), &mut out);
+    // Ticks while balanced (one region) start no round and do not restart the interval.
+    for t in [100, 500, 900] {
+        c.handle(t, Input::Tick, &mut out);
+    }
+    assert!(sends(&out).is_empty());
+    register(&mut c, "b");
+    let mut out = Vec::new();
+    c.handle(1_000, Input::Tick, &mut out);
+    let begins = |out: &[Action]| {
+        sends(out)
+            .into_iter()
+            .filter(|(_, m)| matches!(m, ToRegion::BeginHandOff { .. }))
+            .count()
+    };
+    assert_eq!(
+        begins(&out),
+        2,
+        "the first round starts at the first tick after the join"
+    );
+    assert_eq!(c.stats().rebalance_rounds, 1);
+}
+
+#[test]
 fn full_hand_off_persists_before_the_new_home_is_announced() {
     let mut c = coordinator(4, &["a"]);
     let begins = start_rebalance(&mut c);
