@@ -472,7 +472,7 @@ async fn main() -> Result<(), BoxError> {
         .all(|m| m.node.node_id != victim || m.status == MemberStatus::Down);
     println!(
         "   {victim} {}; its sensors answer again from the survivors {:.2} s after the kill \
-         (detection + split brain resolver + 4 s safety margin)",
+         (failure detection, split brain resolver, 500 ms safety margin)",
         if down { "is Down" } else { "was removed" },
         failover.as_secs_f64()
     );
