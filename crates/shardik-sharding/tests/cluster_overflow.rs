@@ -11,25 +11,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster_util::*;
-use shardik_actor::{ActorSystem, AskError, TellError};
-use shardik_cluster::runtime::Cluster;
+use shardik_actor::{AskError, TellError};
 use shardik_sharding::cluster::ClusterSharding;
 
 const QUEUE: usize = 16;
 
 async fn node(id: &str, seed: Option<&str>, reg: &Arc<Registry>) -> Node {
-    init_tracing();
-    let system = ActorSystem::new(id.to_string());
     let mut c = config(id);
     c.remote = c.remote.outbound_queue(QUEUE);
     if let Some(seed) = seed {
         c = c.seed_nodes([seed.to_string()]);
     }
-    let cluster = Cluster::start(&system, c).await.expect("cluster starts");
-    tokio::time::timeout(Duration::from_secs(15), cluster.when_up())
-        .await
-        .expect("up in time")
-        .expect("up");
+    let (system, cluster) = up(id, c).await;
     let sharding = ClusterSharding::get(&cluster);
     let region = start_probe(&sharding, id, 8, reg, settings());
     Node {

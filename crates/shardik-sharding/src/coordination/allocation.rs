@@ -247,18 +247,7 @@ pub(crate) fn valid_moves(
 mod tests {
     use super::*;
 
-    fn regions(counts: &[usize]) -> BTreeMap<RegionId, Vec<ShardId>> {
-        let mut next = 0u32;
-        counts
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let shards = (next..next + *c as u32).collect();
-                next += *c as u32;
-                (RegionId::new(format!("r{i}")), shards)
-            })
-            .collect()
-    }
+    use crate::coordination::rebalance::tests::regions;
 
     #[test]
     fn least_shards_picks_fewest_then_smallest_id() {

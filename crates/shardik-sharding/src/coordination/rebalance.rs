@@ -111,10 +111,11 @@ pub fn plan_rebalance(regions: &BTreeMap<RegionId, Vec<ShardId>>, limit: usize) 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn regions(counts: &[usize]) -> BTreeMap<RegionId, Vec<ShardId>> {
+    /// Regions `r0..` holding `counts[i]` consecutive shards each.
+    pub(in crate::coordination) fn regions(counts: &[usize]) -> BTreeMap<RegionId, Vec<ShardId>> {
         let mut next = 0u32;
         counts
             .iter()

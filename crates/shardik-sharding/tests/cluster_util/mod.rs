@@ -207,6 +207,18 @@ pub fn config(node_id: &str) -> ClusterConfig {
     c
 }
 
+/// Starts an actor system `id` and its cluster layer with `c`, and waits until it is `Up`.
+pub async fn up(id: &str, c: ClusterConfig) -> (ActorSystem, Cluster) {
+    init_tracing();
+    let system = ActorSystem::new(id.to_string());
+    let cluster = Cluster::start(&system, c).await.expect("cluster starts");
+    tokio::time::timeout(Duration::from_secs(15), cluster.when_up())
+        .await
+        .expect("up in time")
+        .expect("up");
+    (system, cluster)
+}
+
 /// Starts a node (joining through `seed`, or forming the cluster), waits until it is up and
 /// starts the probe type with `shards` shards on it.
 pub async fn start_node(id: &str, seed: Option<&str>, shards: u32, reg: &Arc<Registry>) -> Node {
@@ -237,8 +249,6 @@ pub async fn start_node_configured(
     faults: Option<&FaultInjector>,
     configure: &Configure,
 ) -> Node {
-    init_tracing();
-    let system = ActorSystem::new(id.to_string());
     let mut c = config(id);
     if let Some(f) = faults {
         c = c.faults(f.clone());
@@ -246,11 +256,7 @@ pub async fn start_node_configured(
     if let Some(seed) = seed {
         c = c.seed_nodes([seed.to_string()]);
     }
-    let cluster = Cluster::start(&system, c).await.expect("cluster starts");
-    tokio::time::timeout(Duration::from_secs(15), cluster.when_up())
-        .await
-        .expect("up in time")
-        .expect("up");
+    let (system, cluster) = up(id, c).await;
     let sharding = ClusterSharding::get(&cluster);
     let node = id.to_string();
     let r = reg.clone();
@@ -277,8 +283,6 @@ pub async fn start_member(
     seed: Option<&str>,
     roles: &[&str],
 ) -> (ActorSystem, Cluster, ClusterSharding) {
-    init_tracing();
-    let system = ActorSystem::new(id.to_string());
     let mut c = config(id);
     for r in roles {
         c = c.role(*r);
@@ -286,11 +290,7 @@ pub async fn start_member(
     if let Some(seed) = seed {
         c = c.seed_nodes([seed.to_string()]);
     }
-    let cluster = Cluster::start(&system, c).await.expect("cluster starts");
-    tokio::time::timeout(Duration::from_secs(15), cluster.when_up())
-        .await
-        .expect("up in time")
-        .expect("up");
+    let (system, cluster) = up(id, c).await;
     let sharding = ClusterSharding::get(&cluster);
     (system, cluster, sharding)
 }
