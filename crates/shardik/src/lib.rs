@@ -87,6 +87,14 @@ pub mod cluster {
     pub use shardik_cluster::*;
 }
 
+/// Event-sourced and durable-state entities over SQLite, PostgreSQL or memory, and the
+/// cluster sharding state on the same stores (the `shardik-persistence` crate; feature
+/// `persistence`, on by default). See `docs/persistence.md`.
+#[cfg(feature = "persistence")]
+pub mod persistence {
+    pub use shardik_persistence::*;
+}
+
 pub use shardik_actor::{
     Actor, ActorError, ActorId, ActorRef, ActorSettings, ActorSystem, AskError, Context,
     DeadLetterStats, MailboxConfig, OverflowPolicy, Props, ReplyTo, RestartPolicy, ShutdownError,
