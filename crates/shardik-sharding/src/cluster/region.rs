@@ -593,6 +593,14 @@ where
             return Err(TellError::Stopped(msg));
         }
         let mut g = self.inner.lock();
+        // A shard hosted here: what `send` + `DeliverLocal` would do, without an envelope
+        // (under the same lock, so in order with every transition of the shard).
+        if g.fenced.is_none() && g.state.send_local(shard) {
+            if let Some(r) = &self.placement.remember {
+                r.delivered(shard, id);
+            }
+            return self.local.deliver(shard, id, msg);
+        }
         let mut out = std::mem::take(&mut g.out);
         let res = g
             .state

@@ -348,6 +348,18 @@ impl<M> RegionState<M> {
         self.route(envelope, false, out)
     }
 
+    /// The hot path of [`send`](Self::send) for a shard hosted here: if the region is not
+    /// refused and the shard's slot is `Local`, counts the delivery and returns true; the
+    /// caller then delivers to its local host itself, exactly as it would carry out the
+    /// `DeliverLocal` that `send` emits, without building an [`Envelope`].
+    pub fn send_local(&mut self, shard: ShardId) -> bool {
+        if self.refused.is_some() || !matches!(self.slots.get(&shard), Some(Slot::Local)) {
+            return false;
+        }
+        self.stats.delivered_local += 1;
+        true
+    }
+
     fn route(
         &mut self,
         mut env: Envelope<M>,

@@ -719,6 +719,24 @@ fn hot_path_never_involves_the_coordinator() {
 }
 
 #[test]
+fn send_local_takes_only_shards_hosted_here() {
+    let mut reg = registered("a", &[(0, "a"), (1, "b")]);
+    assert!(reg.send_local(0));
+    assert!(!reg.send_local(1), "hosted by b");
+    assert!(!reg.send_local(2), "home unknown");
+    assert!(!reg.send_local(99), "no such shard");
+    assert_eq!(reg.stats().delivered_local, 1);
+    // Once the shard is being handed off, messages take the state machine's path again.
+    let mut out = Vec::new();
+    reg.handle(
+        0,
+        RegionInput::FromCoordinator(ToRegion::BeginHandOff { id: H, shard: 0 }),
+        &mut out,
+    );
+    assert!(!reg.send_local(0));
+}
+
+#[test]
 fn unknown_home_buffers_bounded_asks_once_and_retries() {
     let mut reg = registered("a", &[]);
     let mut out = Vec::new();
