@@ -154,12 +154,20 @@ impl CoordinatorDriver {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.on_membership();
         loop {
+            let margin_over = self.margin_over();
             tokio::select! {
                 _ = system.shutdown_started() => break,
                 _ = tick.tick() => {
                     self.on_membership();
                     self.on_tick();
                 }
+                // A gone region's `down_margin` ends: reallocate now, not on the next tick.
+                _ = async {
+                    match margin_over {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                } => self.on_membership(),
                 ev = rx.recv() => match ev {
                     Some(ev) => self.on_event(ev),
                     None => break,
@@ -173,6 +181,19 @@ impl CoordinatorDriver {
         }
         self.active = None;
         *self.ctx.snapshot.lock() = None;
+    }
+
+    /// When the next `down_margin` of a gone region not yet fed down ends, if still ahead
+    /// (one already over is handled by the next tick).
+    fn margin_over(&self) -> Option<Instant> {
+        let a = self.active.as_ref()?;
+        let now = Instant::now();
+        a.gone_since
+            .iter()
+            .filter(|(r, _)| !a.fed_down.contains(*r))
+            .map(|(_, since)| *since + self.ctx.settings.down_margin)
+            .filter(|at| *at > now)
+            .min()
     }
 
     fn publish(&mut self) {
@@ -590,10 +611,17 @@ impl Active {
                 // A node that left after handing all its shards off: no margin. A downed one
                 // (or one that left before its hand-offs were done) may still be stopping
                 // its entities.
-                let since = *self
-                    .gone_since
-                    .entry(region.clone())
-                    .or_insert_with(Instant::now);
+                let since = match self.gone_since.get(&region) {
+                    Some(since) => *since,
+                    None => {
+                        let now = Instant::now();
+                        self.gone_since.insert(region.clone(), now);
+                        // From now on its shards' askers wait for `RegionDown` (instead of
+                        // getting a home they would ignore), which answers them at once.
+                        self.input(ctx, Input::RegionGone(region.clone()));
+                        now
+                    }
+                };
                 let left = self.fed_leaving.contains(&region)
                     && self
                         .coord

@@ -93,11 +93,32 @@ pub(crate) struct ClusterRegion<M> {
     placement: RegionRole,
 }
 
+/// The driver task of a started [`ClusterRegion`], not running yet.
+pub(crate) struct RegionDriver<M> {
+    region: Arc<ClusterRegion<M>>,
+    rx: mpsc::UnboundedReceiver<RegionEvent>,
+    tick: std::time::Duration,
+}
+
+impl<M> RegionDriver<M>
+where
+    M: Serialize + DeserializeOwned + Send + 'static,
+{
+    /// Spawns the task: it reads the membership at once, then on every event and tick.
+    pub(crate) fn spawn(self) {
+        let RegionDriver { region, rx, tick } = self;
+        tokio::spawn(async move { region.run(rx, tick).await });
+    }
+}
+
 impl<M> ClusterRegion<M>
 where
     M: Serialize + DeserializeOwned + Send + 'static,
 {
-    /// Starts the region: registers its two endpoints and spawns its driver task.
+    /// Starts the region: registers its two endpoints. Its driver task (which reads the
+    /// membership and registers with the coordinator) starts with [`RegionDriver::spawn`], once
+    /// the caller announced the type in the directory: otherwise the first read may not see
+    /// this node host the type and the region registers with another coordinator first.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         type_name: &str,
@@ -108,7 +129,7 @@ where
         local: Arc<dyn ShardHost<M>>,
         coordinator: mpsc::UnboundedSender<CoordEvent>,
         placement: RegionRole,
-    ) -> Arc<Self> {
+    ) -> (Arc<Self>, RegionDriver<M>) {
         let self_id = region_id(cluster.self_node());
         let shard_count = config.shard_count;
         let buffer_limit = config.buffer_limit;
@@ -155,9 +176,12 @@ where
             &region_control_path(type_name),
             decoder(move |m: ToRegion| r.on_coordinator_msg(m)),
         );
-        let r = region.clone();
-        tokio::spawn(async move { r.run(rx, tick).await });
-        region
+        let driver = RegionDriver {
+            region: region.clone(),
+            rx,
+            tick,
+        };
+        (region, driver)
     }
 
     /// A coordinator message (from the network, or directly from this node's coordinator).
@@ -199,6 +223,12 @@ where
             _ => {}
         }
         self.handle_locked(&mut g, RegionInput::FromCoordinator(msg));
+    }
+
+    /// Publishes where the region stands with the coordinator (after an input that may change
+    /// it): `Pending` again after a coordinator change until the new one acknowledges, never
+    /// `Registered` on an answer to an earlier attempt (the state machine ignores those).
+    fn publish_registration(&self, g: &Inner<M>) {
         let now = if let Some(e) = g.state.refused() {
             Registration::Refused(e.clone())
         } else if g.state.is_registered() {
@@ -276,11 +306,18 @@ where
             }
             _ => {}
         }
+        let registration = matches!(
+            input,
+            RegionInput::FromCoordinator(_) | RegionInput::CoordinatorChanged
+        );
         let mut out = std::mem::take(&mut g.out);
         g.state.handle(self.now_ms(), input, &mut out);
         self.execute(g, &mut out);
         g.out = out;
         self.drop_refused(g);
+        if registration {
+            self.publish_registration(g);
+        }
     }
 
     /// Records the envelopes a peer's full queue handed back and no caller is waiting for.

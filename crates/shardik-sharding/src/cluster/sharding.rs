@@ -330,7 +330,7 @@ impl ClusterSharding {
         region_config.shard_fn_fingerprint = fingerprint;
         let mut coordinator_config = settings.coordinator_config(shard_count);
         coordinator_config.shard_fn_fingerprint = fingerprint;
-        let region = ClusterRegion::start(
+        let (region, region_driver) = ClusterRegion::start(
             &name,
             cluster,
             self.inner.clock,
@@ -365,11 +365,15 @@ impl ClusterSharding {
                 let _ = tx.send(CoordEvent::Wire(w));
             }),
         );
-        let driver = CoordinatorDriver::new(ctx, coordinator_config);
-        tokio::spawn(driver.run(coord_rx));
+        // Announced (with both endpoints registered) before the region and the coordinator
+        // first read the membership: they then see this node host the type, and the region
+        // does not register with a younger node's coordinator first.
         self.inner
             .directory
             .announce(&name, TypeAd { proxy, shard_count });
+        let driver = CoordinatorDriver::new(ctx, coordinator_config);
+        tokio::spawn(driver.run(coord_rx));
+        region_driver.spawn();
         let handle = Region::new(region.clone());
         types.insert(
             name,

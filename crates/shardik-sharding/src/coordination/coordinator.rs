@@ -100,6 +100,12 @@ pub enum Input {
     MembershipStable(bool),
     /// The region's node is leaving gracefully: hand off all its shards.
     RegionLeaving(RegionId),
+    /// The region's node is downed or removed, but its entities may still be stopping: the IO
+    /// layer waits (a margin) before [`Input::RegionDown`]. From now on no shard is allocated
+    /// to it, and a `GetShardHome` for one of its shards is held instead of answered with a
+    /// home the asker cannot use; `RegionDown` reallocates those shards at once and the
+    /// broadcast of their new homes answers the askers (no wait for their next retry).
+    RegionGone(RegionId),
     /// The region is gone: its node was downed or removed **and its entities are stopped**.
     RegionDown(RegionId),
 }
@@ -186,7 +192,7 @@ struct HandOff {
 
 #[derive(Clone, Debug)]
 enum Deferred {
-    RegisterAck(RegionId),
+    RegisterAck { region: RegionId, attempt: u64 },
     Home { shard: ShardId, to: RegionId },
     Broadcast(ShardId),
     HandOffDone(ShardId),
@@ -210,6 +216,10 @@ pub struct Coordinator {
     leaving: BTreeSet<RegionId>,
     leave_completed: BTreeSet<RegionId>,
     downed: BTreeSet<RegionId>,
+    /// Regions reported [`Input::RegionGone`] and not yet down.
+    gone: BTreeSet<RegionId>,
+    /// Regions waiting for the home of a shard of a gone region, per shard.
+    held: BTreeMap<ShardId, BTreeSet<RegionId>>,
     handoffs: BTreeMap<ShardId, HandOff>,
     next_handoff: u64,
     stable: bool,
@@ -279,6 +289,8 @@ impl Coordinator {
             leaving: BTreeSet::new(),
             leave_completed: BTreeSet::new(),
             downed: BTreeSet::new(),
+            gone: BTreeSet::new(),
+            held: BTreeMap::new(),
             handoffs: BTreeMap::new(),
             next_handoff: 0,
             stable: false,
@@ -343,6 +355,11 @@ impl Coordinator {
                 if !self.downed.contains(&r) {
                     self.leaving.insert(r);
                     self.drive_leaving(out);
+                }
+            }
+            Input::RegionGone(r) => {
+                if !self.downed.contains(&r) {
+                    self.gone.insert(r);
                 }
             }
             Input::RegionDown(r) => self.on_region_down(r, out),
@@ -413,7 +430,7 @@ impl Coordinator {
 
     fn release(&mut self, d: Deferred, out: &mut Vec<Action>) {
         match d {
-            Deferred::RegisterAck(region) => {
+            Deferred::RegisterAck { region, attempt } => {
                 if !self.live.contains(&region) {
                     return;
                 }
@@ -428,6 +445,7 @@ impl Coordinator {
                     msg: ToRegion::RegisterAck {
                         epoch: self.epoch,
                         homes,
+                        attempt,
                     },
                 });
             }
@@ -481,6 +499,7 @@ impl Coordinator {
     fn eligible(&self, r: &RegionId) -> bool {
         self.live.contains(r)
             && !self.leaving.contains(r)
+            && !self.gone.contains(r)
             && self.working.regions.get(r).is_some_and(|i| !i.proxy)
     }
 
@@ -612,7 +631,8 @@ impl Coordinator {
                 shard_count,
                 proxy,
                 shard_fn,
-            } => self.on_register(from, shard_count, proxy, shard_fn, out),
+                attempt,
+            } => self.on_register(from, shard_count, proxy, shard_fn, attempt, out),
             ToCoordinator::GetShardHome { shard, .. } => self.on_get_home(from, shard, out),
             ToCoordinator::BeginHandOffAck { id, shard, fenced } => {
                 self.on_begin_ack(from, id, shard, fenced, out)
@@ -629,6 +649,7 @@ impl Coordinator {
         shard_count: u32,
         proxy: bool,
         shard_fn: Option<u64>,
+        attempt: u64,
         out: &mut Vec<Action>,
     ) {
         let refuse = if shard_count != self.config.shard_count {
@@ -658,6 +679,7 @@ impl Coordinator {
                 msg: ToRegion::RegisterRefused {
                     epoch: self.epoch,
                     error,
+                    attempt,
                 },
             });
             return;
@@ -672,7 +694,13 @@ impl Coordinator {
             );
         }
         self.live.insert(from.clone());
-        self.after_durable(Deferred::RegisterAck(from), out);
+        self.after_durable(
+            Deferred::RegisterAck {
+                region: from,
+                attempt,
+            },
+            out,
+        );
     }
 
     fn on_get_home(&mut self, from: RegionId, shard: ShardId, out: &mut Vec<Action>) {
@@ -680,7 +708,12 @@ impl Coordinator {
             // Moving: the home is broadcast when the hand-off ends.
             return;
         }
-        if self.working.home(shard).is_some() {
+        if let Some(home) = self.working.home(shard) {
+            if self.gone.contains(home) {
+                // Its home is gone and not down yet: answered when it is (see `RegionDown`).
+                self.held.entry(shard).or_default().insert(from);
+                return;
+            }
             self.after_durable(Deferred::Home { shard, to: from }, out);
         } else {
             // Allocate now (in the working state) so that the next decision counts it.
@@ -850,8 +883,53 @@ impl Coordinator {
 
     fn on_region_down(&mut self, r: RegionId, out: &mut Vec<Action>) {
         self.downed.insert(r.clone());
+        self.gone.remove(&r);
         self.live.remove(&r);
         self.leaving.remove(&r);
+        self.region_removed(r, out);
+        self.answer_held(out);
+    }
+
+    /// Answers the `GetShardHome` requests held for shards whose home was gone and is not any
+    /// more: the shard is allocated (its broadcast answers every asker) or its home sent.
+    fn answer_held(&mut self, out: &mut Vec<Action>) {
+        let ready: Vec<ShardId> = self
+            .held
+            .iter()
+            .filter(|(s, _)| {
+                self.working
+                    .home(**s)
+                    .is_none_or(|h| !self.gone.contains(h))
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        for shard in ready {
+            let askers: Vec<RegionId> = self
+                .held
+                .remove(&shard)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| self.live.contains(r))
+                .collect();
+            if askers.is_empty() || self.handoffs.contains_key(&shard) {
+                // Nobody waits any more, or moving: the home is broadcast when it ends.
+                continue;
+            }
+            if self.working.home(shard).is_some() {
+                // Already reallocated (remember-shards): its broadcast follows, or it is durable.
+                for to in askers {
+                    self.after_durable(Deferred::Home { shard, to }, out);
+                }
+            } else {
+                // The first asker decides (as if its request arrived now); the broadcast of the
+                // allocation answers every asker.
+                self.allocate(shard, &askers[0], out);
+            }
+        }
+    }
+
+    /// The down region's hand-offs and shards.
+    fn region_removed(&mut self, r: RegionId, out: &mut Vec<Action>) {
         let shards: Vec<ShardId> = self.handoffs.keys().copied().collect();
         for shard in shards {
             let h = self.handoffs.get_mut(&shard).expect("present");

@@ -86,6 +86,12 @@ pub enum ToCoordinator {
         /// it is to be checked; must equal the coordinator's.
         #[serde(default)]
         shard_fn: Option<u64>,
+        /// The region's registration attempt, echoed by the answer so that the region takes
+        /// only an answer to its current attempt (a late ack of a previous coordinator is
+        /// ignored). Starts at 1 and grows with every new attempt (a coordinator change, a
+        /// stale epoch); retries of one attempt repeat it. 0: not numbered (an older region).
+        #[serde(default)]
+        attempt: u64,
     },
     /// Where does this shard live? Answered with [`ToRegion::ShardHome`], allocating if needed.
     GetShardHome {
@@ -170,6 +176,10 @@ pub enum ToRegion {
         epoch: Epoch,
         /// Shard homes.
         homes: Vec<(ShardId, RegionId)>,
+        /// The `attempt` of the [`ToCoordinator::Register`] this answers (0 from an older
+        /// coordinator, which does not echo it).
+        #[serde(default)]
+        attempt: u64,
     },
     /// Registration refused; the region stops retrying and refuses messages.
     RegisterRefused {
@@ -177,6 +187,10 @@ pub enum ToRegion {
         epoch: Epoch,
         /// Why.
         error: RegisterError,
+        /// The `attempt` of the [`ToCoordinator::Register`] this answers (0 from an older
+        /// coordinator, which does not echo it).
+        #[serde(default)]
+        attempt: u64,
     },
     /// A shard's home (durably recorded). Sent to the asker, and broadcast to all regions when a
     /// shard is allocated or a hand-off ends.

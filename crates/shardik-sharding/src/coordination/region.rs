@@ -216,6 +216,9 @@ pub struct RegionState<M> {
     registered: bool,
     refused: Option<RegisterError>,
     last_register: Option<u64>,
+    /// The current registration attempt (0 before the first): only an answer echoing it is
+    /// taken, so a late answer of a previous coordinator cannot end the registration.
+    attempt: u64,
     slots: HashMap<ShardId, Slot>,
     buffers: HashMap<ShardId, VecDeque<Envelope<M>>>,
     /// Fences received per shard for the newest hand-off id seen.
@@ -237,6 +240,7 @@ impl<M> RegionState<M> {
             registered: false,
             refused: None,
             last_register: None,
+            attempt: 0,
             slots: HashMap::new(),
             buffers: HashMap::new(),
             fences: HashMap::new(),
@@ -468,8 +472,7 @@ impl<M> RegionState<M> {
             },
             RegionInput::CoordinatorChanged => {
                 if self.refused.is_none() {
-                    self.registered = false;
-                    self.register(out);
+                    self.new_attempt(out);
                 }
             }
             RegionInput::ShardStopped(shard) => self.on_stopped(shard, out),
@@ -478,14 +481,33 @@ impl<M> RegionState<M> {
         }
     }
 
+    /// Starts a new registration attempt (a new coordinator, or a newer epoch): answers to
+    /// earlier attempts are ignored from now on.
+    fn new_attempt(&mut self, out: &mut Vec<RegionAction<M>>) {
+        self.registered = false;
+        self.attempt += 1;
+        self.register(out);
+    }
+
+    /// Sends `Register` for the current attempt (its first send, or a retry).
     fn register(&mut self, out: &mut Vec<RegionAction<M>>) {
+        if self.attempt == 0 {
+            self.attempt = 1;
+        }
         self.last_register = Some(self.now);
         self.stats.register_attempts += 1;
         out.push(RegionAction::ToCoordinator(ToCoordinator::Register {
             shard_count: self.config.shard_count,
             proxy: self.config.proxy,
             shard_fn: self.config.shard_fn_fingerprint,
+            attempt: self.attempt,
         }));
+    }
+
+    /// Whether a registration answer with `attempt` answers an earlier attempt than the
+    /// current one (0: an older coordinator that does not echo it, judged by epoch alone).
+    fn stale_attempt(&self, attempt: u64) -> bool {
+        attempt != 0 && attempt != self.attempt
     }
 
     fn ask_home(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
@@ -501,8 +523,15 @@ impl<M> RegionState<M> {
     fn on_coordinator(&mut self, msg: ToRegion, out: &mut Vec<RegionAction<M>>) {
         let e = msg.epoch();
         match msg {
-            ToRegion::RegisterAck { epoch, homes } => {
-                if epoch < self.epoch || (epoch == self.epoch && self.registered) {
+            ToRegion::RegisterAck {
+                epoch,
+                homes,
+                attempt,
+            } => {
+                if self.stale_attempt(attempt)
+                    || epoch < self.epoch
+                    || (epoch == self.epoch && self.registered)
+                {
                     self.stats.stale_ignored += 1;
                     return;
                 }
@@ -510,8 +539,12 @@ impl<M> RegionState<M> {
                 self.registered = true;
                 self.apply_homes(homes, out);
             }
-            ToRegion::RegisterRefused { epoch, error } => {
-                if epoch < self.epoch {
+            ToRegion::RegisterRefused {
+                epoch,
+                error,
+                attempt,
+            } => {
+                if self.stale_attempt(attempt) || epoch < self.epoch {
                     self.stats.stale_ignored += 1;
                     return;
                 }
@@ -520,8 +553,7 @@ impl<M> RegionState<M> {
             }
             ToRegion::StaleEpoch { epoch } => {
                 if epoch > self.epoch && self.refused.is_none() {
-                    self.registered = false;
-                    self.register(out);
+                    self.new_attempt(out);
                 }
             }
             _ if e != self.epoch || !self.registered => {

@@ -35,6 +35,7 @@ fn register(c: &mut Coordinator, name: &str) -> Vec<Action> {
                 shard_count: c.state().shard_count,
                 proxy: false,
                 shard_fn: None,
+                attempt: 1,
             },
         },
         &mut out,
@@ -107,6 +108,7 @@ fn registration_is_persisted_before_ack_and_idempotent() {
             shard_count: 4,
             proxy: false,
             shard_fn: None,
+            attempt: 1,
         },
     );
     assert_eq!(persists(&out).len(), 1);
@@ -128,6 +130,7 @@ fn registration_is_persisted_before_ack_and_idempotent() {
             shard_count: 4,
             proxy: false,
             shard_fn: None,
+            attempt: 1,
         },
     );
     assert!(persists(&out).is_empty());
@@ -148,6 +151,7 @@ fn shard_count_mismatch_is_refused_with_a_clear_error() {
             shard_count: 8,
             proxy: false,
             shard_fn: None,
+            attempt: 1,
         },
     );
     let [(_, ToRegion::RegisterRefused { error, .. })] = &sends(&out)[..] else {
@@ -165,6 +169,7 @@ fn shard_count_mismatch_is_refused_with_a_clear_error() {
     // And the region side turns it into an error for every sender.
     let mut region: RegionState<u8> = RegionState::new(r("a"), RegionConfig::new(8));
     let mut acts = Vec::new();
+    region.handle(0, RegionInput::CoordinatorChanged, &mut Vec::new());
     region.handle(
         0,
         RegionInput::FromCoordinator(sends(&out)[0].1.clone()),
@@ -480,6 +485,69 @@ fn missing_shard_stopped_retries_hand_off_and_never_reallocates() {
     assert!(c.handoffs().all(|h| h.shard != shard));
 }
 
+/// Between `RegionGone` (its node is down, its entities may still be stopping) and
+/// `RegionDown`, a region asking for the home of a gone region's shard is not answered with
+/// that home (it would ignore it and ask again after its retry interval): the request is held,
+/// and `RegionDown` reallocates the shard at once; the broadcast of the new home answers every
+/// asker without a retry. Nothing is allocated to the gone region meanwhile.
+#[test]
+fn home_requests_during_the_down_margin_are_answered_on_region_down() {
+    let mut c = coordinator(8, &["a", "b", "c"]);
+    allocate(&mut c, 0..3);
+    let lost: Vec<u32> = (0..3)
+        .filter(|s| c.state().home(*s) == Some(&r("a")))
+        .collect();
+    let [shard] = lost[..] else {
+        panic!("one shard on a: {:?}", c.state().shards)
+    };
+    let mut out = Vec::new();
+    c.handle(1_000, Input::RegionGone(r("a")), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    // During the margin: b and c (twice: a retry) ask; nothing is answered, nothing persisted.
+    for asker in ["b", "c", "c"] {
+        let out = get_home(&mut c, asker, shard);
+        assert!(out.is_empty(), "{asker}: {out:?}");
+    }
+    // A new shard is not allocated to the gone region (b and c hold one each, a one).
+    for (asker, new) in [("b", 5), ("c", 6)] {
+        let mut out = get_home(&mut c, asker, new);
+        persist_all(&mut c, &mut out);
+        assert_ne!(c.state().home(new), Some(&r("a")), "shard {new}");
+    }
+    // The margin is over: the shard is reallocated at once and its home broadcast.
+    let mut out = Vec::new();
+    c.handle(1_500, Input::RegionDown(r("a")), &mut out);
+    let p = persists(&out);
+    assert_eq!(p[0], Change::RegionRemoved { region: r("a") });
+    let [Change::ShardAllocated {
+        shard: s,
+        region: to,
+    }] = &p[1..]
+    else {
+        panic!("{p:?}")
+    };
+    assert_eq!(*s, shard);
+    assert!(*to == r("b") || *to == r("c"), "{to}");
+    assert!(sends(&out).is_empty(), "nothing before it is durable");
+    let mut out = Vec::new();
+    persist_all(&mut c, &mut out);
+    let answered: Vec<RegionId> = sends(&out)
+        .into_iter()
+        .filter(|(_, m)| {
+            matches!(m, ToRegion::ShardHome { shard: s, region, .. } if *s == shard && region == to)
+        })
+        .map(|(r, _)| r)
+        .collect();
+    assert_eq!(answered, [r("b"), r("c")]);
+    assert!(c.state().shards.values().all(|h| *h != r("a")));
+    // Held requests are answered once: a later request gets the (durable) home as usual.
+    let out = get_home(&mut c, "b", shard);
+    assert!(matches!(
+        &sends(&out)[..],
+        [(_, ToRegion::ShardHome { region, .. })] if region == to
+    ));
+}
+
 #[test]
 fn region_down_reallocates_remembered_shards_eagerly() {
     let mut config = cfg(4);
@@ -585,6 +653,7 @@ fn recovery_bumps_the_epoch_and_waits_for_regions_before_hand_offs() {
             shard_count: 4,
             proxy: false,
             shard_fn: None,
+            attempt: 1,
         },
     );
     let state = c.state().clone();
@@ -658,7 +727,15 @@ fn registered(name: &str, homes: &[(u32, &str)]) -> RegionState<u32> {
     let mut out = Vec::new();
     reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
     let homes = homes.iter().map(|(s, h)| (*s, r(h))).collect();
-    from_coord(&mut reg, 0, ToRegion::RegisterAck { epoch: 1, homes });
+    from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterAck {
+            epoch: 1,
+            homes,
+            attempt: 1,
+        },
+    );
     reg
 }
 
@@ -684,6 +761,7 @@ fn registration_is_retried_until_acknowledged() {
         ToRegion::RegisterAck {
             epoch: 1,
             homes: vec![],
+            attempt: 1,
         },
     );
     assert!(reg.is_registered());
@@ -697,6 +775,7 @@ fn registration_is_retried_until_acknowledged() {
         ToRegion::RegisterAck {
             epoch: 1,
             homes: vec![(0, r("a"))],
+            attempt: 1,
         },
     );
     assert!(out.is_empty());
@@ -960,12 +1039,14 @@ fn configured_fence_timeout_stops_anyway() {
     let mut c = RegionConfig::new(8);
     c.fence_timeout_ms = Some(500);
     let mut reg: RegionState<u32> = RegionState::new(r("a"), c);
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut Vec::new());
     from_coord(
         &mut reg,
         0,
         ToRegion::RegisterAck {
             epoch: 1,
             homes: vec![(1, r("a"))],
+            attempt: 1,
         },
     );
     from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
@@ -1029,6 +1110,7 @@ fn stale_epoch_messages_are_ignored_and_new_coordinator_means_re_register() {
         ToRegion::RegisterAck {
             epoch: 2,
             homes: vec![(1, r("a"))],
+            attempt: 2,
         },
     );
     assert_eq!(reg.epoch(), 2);
@@ -1048,6 +1130,7 @@ fn stale_epoch_messages_are_ignored_and_new_coordinator_means_re_register() {
         ToRegion::RegisterAck {
             epoch: 1,
             homes: vec![],
+            attempt: 1,
         },
     );
     assert!(out.is_empty());
@@ -1059,6 +1142,96 @@ fn stale_epoch_messages_are_ignored_and_new_coordinator_means_re_register() {
         out[..],
         [RegionAction::ToCoordinator(ToCoordinator::Register { .. })]
     ));
+}
+
+/// A region registers with coordinator A, the coordinator moves to B before A's answer
+/// arrives, and B drops the region's `Register` (not active yet). A's late answers (ack or
+/// refusal, even of the epoch the region last knew) answer an earlier attempt: ignored, the
+/// region keeps retrying until B answers the current one.
+#[test]
+fn late_answers_of_a_previous_registration_attempt_are_ignored() {
+    let mut reg = region("a");
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
+    let attempt = |out: &Acts| -> Vec<u64> {
+        out.iter()
+            .filter_map(|a| match a {
+                RegionAction::ToCoordinator(ToCoordinator::Register { attempt, .. }) => {
+                    Some(*attempt)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(attempt(&out), [1], "the first attempt, to A");
+    let mut out = Vec::new();
+    reg.handle(10, RegionInput::CoordinatorChanged, &mut out);
+    assert_eq!(attempt(&out), [2], "a new attempt, to B (dropped)");
+    for late in [
+        ToRegion::RegisterAck {
+            epoch: 1,
+            homes: vec![(0, r("a"))],
+            attempt: 1,
+        },
+        ToRegion::RegisterRefused {
+            epoch: 1,
+            error: RegisterError::Downed(r("a")),
+            attempt: 1,
+        },
+    ] {
+        let out = from_coord(&mut reg, 20, late);
+        assert!(out.is_empty(), "{out:?}");
+    }
+    assert!(!reg.is_registered());
+    assert!(reg.refused().is_none());
+    assert_eq!(reg.shard_view(0), ShardView::Unknown);
+    assert_eq!(reg.stats().stale_ignored, 2);
+    // Retries repeat the current attempt until B answers it.
+    let mut out = Vec::new();
+    reg.handle(110, RegionInput::Tick, &mut out);
+    reg.handle(210, RegionInput::Tick, &mut out);
+    assert_eq!(attempt(&out), [2, 2]);
+    let out = from_coord(
+        &mut reg,
+        220,
+        ToRegion::RegisterAck {
+            epoch: 2,
+            homes: vec![(0, r("a"))],
+            attempt: 2,
+        },
+    );
+    assert!(reg.is_registered());
+    assert_eq!(reg.epoch(), 2);
+    assert_eq!(out, [RegionAction::StartShard(0)]);
+    let mut out = Vec::new();
+    reg.handle(1_000, RegionInput::Tick, &mut out);
+    assert!(out.is_empty(), "no more retries: {out:?}");
+}
+
+/// The coordinator echoes the region's registration attempt in its answers.
+#[test]
+fn the_coordinator_echoes_the_registration_attempt() {
+    let mut c = coordinator(4, &[]);
+    for (attempt, shard_count) in [(5, 4), (6, 9)] {
+        let mut out = msg(
+            &mut c,
+            0,
+            "a",
+            ToCoordinator::Register {
+                shard_count,
+                proxy: false,
+                shard_fn: None,
+                attempt,
+            },
+        );
+        persist_all(&mut c, &mut out);
+        let echoed = match &sends(&out)[..] {
+            [(_, ToRegion::RegisterAck { attempt, .. })]
+            | [(_, ToRegion::RegisterRefused { attempt, .. })] => *attempt,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(echoed, attempt);
+    }
 }
 
 #[test]
@@ -1074,6 +1247,7 @@ fn registration_with_a_new_coordinator_reconciles_the_cache() {
         ToRegion::RegisterAck {
             epoch: 2,
             homes: vec![(1, r("c")), (2, r("a"))],
+            attempt: 2,
         },
     );
     assert!(out.contains(&RegionAction::StopShard(1)));
@@ -1128,12 +1302,14 @@ fn proxies_never_host() {
     let mut c = RegionConfig::new(8);
     c.proxy = true;
     let mut reg: RegionState<u32> = RegionState::new(r("p"), c);
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut Vec::new());
     from_coord(
         &mut reg,
         0,
         ToRegion::RegisterAck {
             epoch: 1,
             homes: vec![(1, r("p"))],
+            attempt: 1,
         },
     );
     assert!(reg.hosted_shards().is_empty());
@@ -1146,6 +1322,7 @@ fn proxies_never_host() {
             shard_count: 4,
             proxy: true,
             shard_fn: None,
+            attempt: 1,
         },
     );
     let mut out = Vec::new();
@@ -1204,6 +1381,7 @@ fn local_first_allocates_to_the_requester_up_to_the_ceiling_of_the_working_state
             shard_count: 9,
             proxy: true,
             shard_fn: None,
+            attempt: 1,
         },
     );
     persist_all(&mut c, &mut out);
@@ -1253,6 +1431,7 @@ fn a_strategy_naming_a_region_that_may_not_host_is_refused() {
                 shard_count: 8,
                 proxy: true,
                 shard_fn: None,
+                attempt: 1,
             },
         );
         persist_all(&mut c, &mut out);
@@ -1324,6 +1503,7 @@ fn a_region_with_another_shard_function_is_refused() {
         shard_count: 8,
         proxy: false,
         shard_fn: fp,
+        attempt: 1,
     };
     let out = msg(&mut c, 0, "a", reg(Some(8)));
     assert_eq!(
@@ -1335,7 +1515,8 @@ fn a_region_with_another_shard_function_is_refused() {
                 error: RegisterError::ShardFnMismatch {
                     coordinator: 7,
                     region: 8
-                }
+                },
+                attempt: 1,
             }
         )]
     );
