@@ -19,10 +19,10 @@
 //!   outstanding `get`s, raw pipelined echo frames with 100 outstanding
 //!   ([`raw::pipelined`]).
 //!
-//! Why the high-water mark: a region forwards to a remote region with the remote ref's
-//! `try_tell`, and a frame refused by a full outbound queue (100 000 frames) becomes a dead
-//! letter that the sender of `Region::tell` never sees; without pacing, a fast sender loses
-//! messages. The raw lane's senders wait on a full queue, so both contenders are paced.
+//! Why the high-water mark: a region refuses a message whose node's outbound queue (100 000
+//! frames) is full (`try_tell` hands it back, `tell` records a dead letter): there is no
+//! waiting send, so without pacing a fast `tell` sender loses messages. The raw lane's senders
+//! wait on a full queue, so both contenders are paced.
 
 use std::time::{Duration, Instant};
 
