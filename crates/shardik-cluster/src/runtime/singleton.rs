@@ -416,6 +416,7 @@ where
             instance: None,
             handed_over: BTreeSet::new(),
             ghosts: BTreeMap::new(),
+            margin_started: BTreeSet::new(),
             known: BTreeMap::new(),
         };
         tokio::spawn(manager.run(rx));
@@ -544,6 +545,8 @@ struct Manager<A: Actor> {
     handed_over: BTreeSet<UniqueAddress>,
     /// Members removed without being `Down` or confirming, with the time they stop blocking.
     ghosts: BTreeMap<UniqueAddress, (Member, Instant)>,
+    /// Members whose `down_margin` has started (once per member).
+    margin_started: BTreeSet<UniqueAddress>,
     /// The last known view of each member, to remember the age of removed ones.
     known: BTreeMap<UniqueAddress, Member>,
 }
@@ -619,18 +622,8 @@ where
             | ClusterEvent::MemberLeft(m)
             | ClusterEvent::MemberExited(m)
             | ClusterEvent::MemberDowned(m) => {
-                if m.status == MemberStatus::Down
-                    && !self.handed_over.contains(&m.node)
-                    && !self.shared.settings.down_margin.is_zero()
-                {
-                    // It may still run an instance on the losing side of a partition until
-                    // its own resolver stops it: block for the margin.
-                    let ghost = Member {
-                        status: MemberStatus::Exiting,
-                        ..m.clone()
-                    };
-                    let until = Instant::now() + self.shared.settings.down_margin;
-                    self.ghosts.entry(m.node.clone()).or_insert((ghost, until));
+                if m.status == MemberStatus::Down {
+                    self.start_margin(&m);
                 }
                 if m.status != MemberStatus::Up {
                     self.shared.clear_host_if(&m.node);
@@ -639,6 +632,25 @@ where
             }
             _ => {}
         }
+    }
+
+    /// `m` is `Down`: unless it confirmed that it runs no instance, it blocks the start of a
+    /// new one for `down_margin` from now (it may still run one on the losing side of a
+    /// partition until it is fenced). Started once per member, from the event or from a
+    /// state that shows the `Down` before its event was handled, whichever comes first.
+    fn start_margin(&mut self, m: &Member) {
+        if self.handed_over.contains(&m.node)
+            || self.shared.settings.down_margin.is_zero()
+            || !self.margin_started.insert(m.node.clone())
+        {
+            return;
+        }
+        let ghost = Member {
+            status: MemberStatus::Exiting,
+            ..m.clone()
+        };
+        let until = Instant::now() + self.shared.settings.down_margin;
+        self.ghosts.entry(m.node.clone()).or_insert((ghost, until));
     }
 
     fn on_wire(&mut self, msg: WireMsg) {
@@ -678,6 +690,13 @@ where
 
     async fn step(&mut self, state: &ClusterState, announce: bool) {
         self.shared.flush(state);
+        // The state may already show a `Down` whose event is still queued: its margin starts
+        // now, before the decision below could start an instance without it.
+        for m in &state.members {
+            if m.status == MemberStatus::Down {
+                self.start_margin(m);
+            }
+        }
         let now = Instant::now();
         self.ghosts.retain(|_, (_, until)| *until > now);
         for m in &state.members {
