@@ -7,7 +7,8 @@ use std::time::Duration;
 pub enum TellError<M> {
     /// The recipient has stopped (or is stopping) and accepts no more messages.
     Stopped(M),
-    /// The recipient's bounded mailbox is full.
+    /// The recipient's bounded mailbox is full, or (for sharded entities) a bounded queue on
+    /// the way to it: its region's buffer, or the outbound queue toward its node.
     MailboxFull(M),
 }
 
@@ -45,7 +46,9 @@ impl<M> fmt::Display for TellError<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TellError::Stopped(_) => f.write_str("the recipient actor has stopped"),
-            TellError::MailboxFull(_) => f.write_str("the recipient's bounded mailbox is full"),
+            TellError::MailboxFull(_) => f.write_str(
+                "the recipient's bounded mailbox (or a bounded queue on the way) is full",
+            ),
         }
     }
 }
@@ -61,8 +64,9 @@ pub enum AskError {
     /// The recipient had stopped before the request could be queued.
     #[error("the recipient actor has stopped")]
     Stopped,
-    /// The recipient's bounded mailbox was full.
-    #[error("the recipient's bounded mailbox is full")]
+    /// The recipient's bounded mailbox was full, or (for sharded entities) a bounded queue on
+    /// the way to it: its region's buffer, or the outbound queue toward its node.
+    #[error("the recipient's bounded mailbox (or a bounded queue on the way) is full")]
     MailboxFull,
     /// The request was accepted but the reply handle was dropped unanswered: the recipient
     /// stopped before handling it, failed while handling it, or chose not to reply.
