@@ -120,17 +120,24 @@ async fn balances(regions: &[&Region<AccountCmd>]) -> BTreeMap<String, u64> {
     out
 }
 
-/// Two lives of the bank over what `open(node, life)` gives (the journal and the node's
-/// sharding state store).
-async fn bank_survives_failover_and_full_restart<F, Fut>(open: F)
+/// Life `n` of the bank: three members on what `open(node, n)` gives, the bank started and
+/// registered on each.
+async fn life<F, Fut>(
+    open: &F,
+    n: u64,
+) -> (
+    Vec<Member>,
+    Vec<Region<AccountCmd>>,
+    Vec<Arc<dyn ShardingStateStore>>,
+    Vec<Persistence>,
+)
 where
     F: Fn(usize, u64) -> Fut,
     Fut: Future<Output = (Persistence, Arc<dyn ShardingStateStore>)>,
 {
-    let ledger = Arc::new(Ledger::default());
     let (mut persistences, mut stores) = (Vec::new(), Vec::new());
     for i in 0..3 {
-        let (p, s) = open(i, 1).await;
+        let (p, s) = open(i, n).await;
         persistences.push(p);
         stores.push(s);
     }
@@ -146,6 +153,18 @@ where
             .await
             .expect("registered");
     }
+    (nodes, regions, stores, persistences)
+}
+
+/// Two lives of the bank over what `open(node, life)` gives (the journal and the node's
+/// sharding state store).
+async fn bank_survives_failover_and_full_restart<F, Fut>(open: F)
+where
+    F: Fn(usize, u64) -> Fut,
+    Fut: Future<Output = (Persistence, Arc<dyn ShardingStateStore>)>,
+{
+    let ledger = Arc::new(Ledger::default());
+    let (nodes, regions, stores, persistences) = life(&open, 1).await;
     // Deposits through every node, one caller each.
     let stops: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
     let callers: Vec<_> = (0..3)
@@ -216,24 +235,7 @@ where
     // The whole cluster stops; a new one starts on the same storage.
     stop_all(&nodes).await;
     drop((regions, nodes, stores, persistences));
-    let (mut persistences, mut stores) = (Vec::new(), Vec::new());
-    for i in 0..3 {
-        let (p, s) = open(i, 2).await;
-        persistences.push(p);
-        stores.push(s);
-    }
-    let nodes = members(&stores).await;
-    let regions: Vec<_> = nodes
-        .iter()
-        .zip(&persistences)
-        .map(|(m, p)| start_bank(m, p))
-        .collect();
-    for m in &nodes {
-        m.sharding
-            .wait_registered(TYPE, Duration::from_secs(20))
-            .await
-            .expect("registered");
-    }
+    let (nodes, regions, _stores, _persistences) = life(&open, 2).await;
     let refs: Vec<&Region<AccountCmd>> = regions.iter().collect();
     assert_eq!(balances(&refs).await, after_failover);
     // And they keep taking deposits.
