@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use super::protocol::RegionId;
-use super::rebalance::{plan_rebalance, Move};
+use super::rebalance::{plan_rebalance, plan_to_targets, Move};
 use crate::ShardId;
 
 /// What an [`AllocationStrategy`] sees: the regions that may receive shards, with their shards in
@@ -180,41 +180,7 @@ fn plan_over_ceiling(
     ceiling: usize,
     limit: usize,
 ) -> Vec<Move> {
-    let mut have: BTreeMap<&RegionId, Vec<ShardId>> = regions
-        .iter()
-        .map(|(r, s)| {
-            let mut s = s.clone();
-            s.sort_unstable();
-            (r, s)
-        })
-        .collect();
-    let mut moves = Vec::new();
-    while moves.len() < limit {
-        let giver = have
-            .iter()
-            .filter(|(_, s)| s.len() > ceiling)
-            .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(a.0)))
-            .map(|(r, _)| *r);
-        let taker = have
-            .iter()
-            .filter(|(_, s)| s.len() < ceiling)
-            .min_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| a.0.cmp(b.0)))
-            .map(|(r, _)| *r);
-        let (Some(giver), Some(taker)) = (giver, taker) else {
-            break;
-        };
-        let shard = have
-            .get_mut(giver)
-            .and_then(Vec::pop)
-            .expect("a giver holds shards");
-        have.get_mut(taker).expect("taker present").push(shard);
-        moves.push(Move {
-            shard,
-            from: giver.clone(),
-            to: taker.clone(),
-        });
-    }
-    moves
+    plan_to_targets(regions, limit, |_| ceiling)
 }
 
 /// Keeps the moves a coordinator may carry out: shard held by `from`, `to` a region of the view

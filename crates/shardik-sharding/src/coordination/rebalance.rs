@@ -64,6 +64,17 @@ pub fn plan_rebalance(regions: &BTreeMap<RegionId, Vec<ShardId>>, limit: usize) 
     for (i, (r, _)) in order.iter().enumerate() {
         target.insert(*r, floor + usize::from(i < extra));
     }
+    plan_to_targets(regions, limit, |r| target[r])
+}
+
+/// Moves shards from regions holding more than `target(region)` to regions holding fewer, at
+/// most `limit` moves: each move from the region with the largest excess to the one with the
+/// largest deficit (ties: the lower region id), its highest shard. Deterministic.
+pub(crate) fn plan_to_targets(
+    regions: &BTreeMap<RegionId, Vec<ShardId>>,
+    limit: usize,
+    target: impl Fn(&RegionId) -> usize,
+) -> Vec<Move> {
     let mut have: BTreeMap<&RegionId, Vec<ShardId>> = regions
         .iter()
         .map(|(r, s)| {
@@ -76,19 +87,19 @@ pub fn plan_rebalance(regions: &BTreeMap<RegionId, Vec<ShardId>>, limit: usize) 
     while moves.len() < limit {
         let giver = have
             .iter()
-            .filter(|(r, s)| s.len() > target[*r])
+            .filter(|(r, s)| s.len() > target(r))
             .max_by(|a, b| {
-                (a.1.len() - target[a.0])
-                    .cmp(&(b.1.len() - target[b.0]))
+                (a.1.len() - target(a.0))
+                    .cmp(&(b.1.len() - target(b.0)))
                     .then_with(|| b.0.cmp(a.0))
             })
             .map(|(r, _)| *r);
         let taker = have
             .iter()
-            .filter(|(r, s)| s.len() < target[*r])
+            .filter(|(r, s)| s.len() < target(r))
             .max_by(|a, b| {
-                (target[a.0] - a.1.len())
-                    .cmp(&(target[b.0] - b.1.len()))
+                (target(a.0) - a.1.len())
+                    .cmp(&(target(b.0) - b.1.len()))
                     .then_with(|| b.0.cmp(a.0))
             })
             .map(|(r, _)| *r);
