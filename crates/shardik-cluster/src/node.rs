@@ -149,9 +149,9 @@ impl MembershipNode {
     /// would down it: the resolver's decision evaluated without waiting for `stable_after`,
     /// with the watched peers silent for [`NodeConfig::fence_after`] counted as unreachable
     /// (so the losing side of a partition stops about when it could first suspect the other
-    /// side, `stable_after` before the winning side can even decide), or, when the ring makes it watch only some of the
-    /// members (more than [`NodeConfig::monitored_by`]), once it lost more than half of the
-    /// peers it watches (its own view then cannot show that it is cut off from most of the
+    /// side, `stable_after` before the winning side can even decide), or, when the ring makes
+    /// it watch only some of the members (more than [`NodeConfig::monitored_by`]), once it
+    /// lost more than half of the peers it watches (its own view then cannot show that it is cut off from most of the
     /// cluster). It stays fenced until that picture is gone **and** gossip arrived from a
     /// majority of the live members: a decision that downed it meanwhile reaches it before
     /// it runs anything again. A `Down` node stays fenced.
