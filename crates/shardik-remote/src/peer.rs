@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::frame::{Frame, NodeIdentity, RejectReason};
 use crate::node::Node;
 use crate::queue::{Full, OutQueue};
+use crate::registry::LookupCache;
 use crate::replies::PeerWire;
 use crate::stats::should_log;
 
@@ -103,7 +104,7 @@ impl Peer {
             // arrived (same encoding, same reply path).
             if let Some(node) = self.node.upgrade() {
                 let me = node.local.me.node_id.clone();
-                node.handle_frame(self, &me, frame);
+                node.handle_frame(self, &me, frame, &mut LookupCache::default());
             }
             return Ok(());
         }
@@ -150,7 +151,7 @@ impl Peer {
         if self.loopback {
             if let Some(node) = self.node.upgrade() {
                 let me = node.local.me.node_id.clone();
-                node.handle_frame(self, &me, frame);
+                node.handle_frame(self, &me, frame, &mut LookupCache::default());
             }
             return Ok(());
         }

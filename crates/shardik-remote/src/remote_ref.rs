@@ -114,12 +114,11 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
 
     /// Encodes `msg` into a frame; returns the reply slots it exported.
     fn encode(&self, msg: &M) -> Result<(Frame, Vec<u64>), SendError> {
-        if self.node.shutdown.is_cancelled() {
+        if self.node.is_shut_down() {
             return Err(SendError::ShutDown);
         }
-        let (res, ids) = replies::capture(|| {
-            with_wire_context(&self.peer.wire, || rmp_serde::to_vec_named(msg))
-        });
+        let (res, ids) =
+            replies::capture(|| with_wire_context(&self.peer.wire, || encode_payload(msg)));
         let payload = match res {
             Ok(p) => p,
             Err(e) => {
@@ -147,7 +146,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
             sender: None,
             type_tag: self.type_tag.clone(),
             reply_ids: ids.clone(),
-            payload: Bytes::from(payload),
+            payload,
         });
         Ok((frame, ids))
     }
@@ -375,4 +374,29 @@ fn ask_error(failure: ReplyFailure, reason: String) -> AskError {
         | ReplyFailure::Undecodable
         | ReplyFailure::Undeliverable => AskError::Undeliverable(reason),
     }
+}
+
+thread_local! {
+    /// A scratch buffer per thread for [`encode_payload`].
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Encodes `msg` (MessagePack, named fields) into exactly-sized [`Bytes`]: serialized into a
+/// reused per-thread buffer first, then copied once. Serializing into a fresh `Vec` grew it
+/// step by step (several reallocations for a 100-byte message) and left spare capacity that
+/// made the conversion to `Bytes` allocate once more.
+fn encode_payload<M: Serialize>(msg: &M) -> Result<Bytes, rmp_serde::encode::Error> {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            let res = rmp_serde::encode::write_named(&mut *buf, msg);
+            let out = res.map(|()| Bytes::copy_from_slice(&buf));
+            if buf.capacity() > 64 * 1024 {
+                *buf = Vec::new();
+            }
+            out
+        }
+        // A message whose serialization sends another message on this thread.
+        Err(_) => rmp_serde::to_vec_named(msg).map(Bytes::from),
+    })
 }
