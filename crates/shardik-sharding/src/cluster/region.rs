@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockWriteGuard};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use shardik_actor::{ActorSystem, TellError};
@@ -84,6 +84,16 @@ pub(crate) struct ClusterRegion<M> {
     local: Arc<dyn ShardHost<M>>,
     self_id: RegionId,
     inner: Mutex<Inner<M>>,
+    /// Per shard: messages for it go straight to the local entities, without `inner` (see
+    /// [`ClusterRegion::deliver`]). True exactly while the state machine hosts the shard here
+    /// (`RegionState::is_local`), the node is not fenced and the region has not stopped;
+    /// rewritten at the end of every change of state ([`Change`]), while `gate` is held for
+    /// writing.
+    local_shards: Box<[AtomicBool]>,
+    /// Held for reading by a direct local delivery, for writing by every change of state
+    /// that may move a shard away: such a change waits for deliveries in progress, and
+    /// none starts until the flags are rewritten.
+    gate: RwLock<()>,
     events: mpsc::UnboundedSender<RegionEvent>,
     coordinator: mpsc::UnboundedSender<CoordEvent>,
     stopped: AtomicBool,
@@ -91,6 +101,40 @@ pub(crate) struct ClusterRegion<M> {
     leave_complete: watch::Sender<bool>,
     registration: watch::Sender<Registration>,
     placement: RegionRole,
+}
+
+/// The region's state, locked for a change that may move shards: holds `gate` for writing,
+/// and rewrites the direct-delivery flags (`local_shards`) before it lets go.
+struct Change<'a, M> {
+    region: &'a ClusterRegion<M>,
+    inner: MutexGuard<'a, Inner<M>>,
+    _gate: RwLockWriteGuard<'a, ()>,
+}
+
+impl<M> std::ops::Deref for Change<'_, M> {
+    type Target = Inner<M>;
+    fn deref(&self) -> &Inner<M> {
+        &self.inner
+    }
+}
+
+impl<M> std::ops::DerefMut for Change<'_, M> {
+    fn deref_mut(&mut self) -> &mut Inner<M> {
+        &mut self.inner
+    }
+}
+
+impl<M> Drop for Change<'_, M> {
+    fn drop(&mut self) {
+        let (region, g) = (self.region, &*self.inner);
+        let open = g.fenced.is_none() && !region.stopped.load(Ordering::SeqCst);
+        for (shard, flag) in region.local_shards.iter().enumerate() {
+            flag.store(
+                open && g.state.is_local(shard as ShardId),
+                Ordering::Release,
+            );
+        }
+    }
 }
 
 /// The driver task of a started [`ClusterRegion`], not running yet.
@@ -141,6 +185,8 @@ where
             clock,
             local,
             self_id: self_id.clone(),
+            local_shards: (0..shard_count).map(|_| AtomicBool::new(false)).collect(),
+            gate: RwLock::new(()),
             inner: Mutex::new(Inner {
                 state: RegionState::new(self_id, config),
                 coord: None,
@@ -186,7 +232,7 @@ where
 
     /// A coordinator message (from the network, or directly from this node's coordinator).
     pub(crate) fn on_coordinator_msg(&self, mut msg: ToRegion) {
-        let mut g = self.inner.lock();
+        let mut g = self.change();
         // A home on a node this view already holds gone is stale (the coordinator waits
         // `down_margin` before it reallocates): drop it, keep buffering, ask again later.
         // So is a home on a replaced process (its node id runs again with another
@@ -289,8 +335,46 @@ where
     }
 
     fn input(&self, input: RegionInput<M>) {
-        let mut g = self.inner.lock();
+        // A message forwarded by a peer routes like a local send: it never moves a shard.
+        if let RegionInput::FromPeer {
+            msg: PeerMsg::Deliver(env),
+            ..
+        } = &input
+        {
+            let shard = env.shard;
+            let mut g = self.inner.lock();
+            self.handle_locked(&mut g, input);
+            self.debug_check_flag(&g, shard);
+            return;
+        }
+        let mut g = self.change();
         self.handle_locked(&mut g, input);
+    }
+
+    /// Locks the state for a change that may move shards (see `gate`); the direct-delivery
+    /// flags are rewritten when the returned guard is dropped.
+    fn change(&self) -> Change<'_, M> {
+        let gate = self.gate.write();
+        Change {
+            region: self,
+            inner: self.inner.lock(),
+            _gate: gate,
+        }
+    }
+
+    /// Debug builds: routing a message must not have changed whether its shard is taken
+    /// directly (only changes under [`change`](Self::change) may). Skipped once the region
+    /// stopped: `stopped` is set before the change that clears the flags.
+    fn debug_check_flag(&self, g: &Inner<M>, shard: ShardId) {
+        if cfg!(debug_assertions) && !self.stopped.load(Ordering::SeqCst) {
+            if let Some(flag) = self.local_shards.get(shard as usize) {
+                debug_assert_eq!(
+                    flag.load(Ordering::SeqCst),
+                    g.fenced.is_none() && g.state.is_local(shard),
+                    "shard {shard}'s direct-delivery flag is stale after routing a message"
+                );
+            }
+        }
     }
 
     fn handle_locked(&self, g: &mut Inner<M>, input: RegionInput<M>) {
@@ -519,7 +603,7 @@ where
         };
         let mut inputs = Vec::new();
         {
-            let mut g = self.inner.lock();
+            let mut g = self.change();
             let proxy = self.placement.proxy || my_roles == Some(false);
             if proxy != g.state.is_proxy() {
                 g.state.set_proxy(proxy);
@@ -567,7 +651,7 @@ where
     /// node. Lifted (a majority reachable again, no decision against this node): the held
     /// messages are delivered, in order, and entities start again on demand.
     fn on_fence(&self, fenced: bool) {
-        let mut g = self.inner.lock();
+        let mut g = self.change();
         match (fenced, g.fenced.is_some()) {
             (true, false) => {
                 g.fenced = Some(Vec::new());
@@ -610,7 +694,7 @@ where
         if self.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
-        let hosted = self.inner.lock().state.hosted_shards();
+        let hosted = self.change().state.hosted_shards();
         tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "cluster node stopped: stopping hosted shards");
         for shard in hosted {
             if let Some(r) = &self.placement.remember {
@@ -629,15 +713,24 @@ where
         if self.stopped.load(Ordering::Relaxed) {
             return Err(TellError::Stopped(msg));
         }
-        let mut g = self.inner.lock();
-        // A shard hosted here: what `send` + `DeliverLocal` would do, without an envelope
-        // (under the same lock, so in order with every transition of the shard).
-        if g.fenced.is_none() && g.state.send_local(shard) {
-            if let Some(r) = &self.placement.remember {
-                r.delivered(shard, id);
+        // A shard hosted here: what `send` + `DeliverLocal` would do, without an envelope and
+        // without the region lock. The gate keeps every change that could move the shard
+        // away waiting until this delivery is in the entity's mailbox, so it stays in order
+        // with the shard's transitions (a hand-off stops the entities after it).
+        {
+            let _gate = self.gate.read();
+            if self
+                .local_shards
+                .get(shard as usize)
+                .is_some_and(|f| f.load(Ordering::Acquire))
+            {
+                if let Some(r) = &self.placement.remember {
+                    r.delivered(shard, id);
+                }
+                return self.local.deliver(shard, id, msg);
             }
-            return self.local.deliver(shard, id, msg);
         }
+        let mut g = self.inner.lock();
         let mut out = std::mem::take(&mut g.out);
         let res = g
             .state
@@ -652,6 +745,7 @@ where
             return Err(TellError::MailboxFull(env.payload));
         }
         self.drop_refused(&mut g);
+        self.debug_check_flag(&g, shard);
         res.map_err(|r| match r.error {
             SendError::BufferFull { .. } => TellError::MailboxFull(r.envelope.payload),
             SendError::Refused(_) | SendError::BadShard { .. } => {
