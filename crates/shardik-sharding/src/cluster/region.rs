@@ -4,7 +4,7 @@
 //! to peers and the coordinator over shardik-remote.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -94,6 +94,8 @@ pub(crate) struct ClusterRegion<M> {
     /// that may move a shard away: such a change waits for deliveries in progress, and
     /// none starts until the flags are rewritten.
     gate: RwLock<()>,
+    /// See [`ClusterRegion::coarse_now_ms`].
+    coarse_ms: AtomicU64,
     events: mpsc::UnboundedSender<RegionEvent>,
     coordinator: mpsc::UnboundedSender<CoordEvent>,
     stopped: AtomicBool,
@@ -187,6 +189,7 @@ where
             self_id: self_id.clone(),
             local_shards: (0..shard_count).map(|_| AtomicBool::new(false)).collect(),
             gate: RwLock::new(()),
+            coarse_ms: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 state: RegionState::new(self_id, config),
                 coord: None,
@@ -330,12 +333,39 @@ where
             .collect()
     }
 
+    /// Milliseconds since the region started; also advances [`coarse_now_ms`](Self::coarse_now_ms).
     fn now_ms(&self) -> u64 {
-        self.clock.elapsed().as_millis() as u64
+        let now = self.clock.elapsed().as_millis() as u64;
+        self.coarse_ms.fetch_max(now, Ordering::Relaxed);
+        now
+    }
+
+    /// The time of the last input other than a message (at least every `tick`): what
+    /// routing a message uses, so that a message costs no clock read. The state machine
+    /// only times retries and hand-offs (seconds) with it.
+    fn coarse_now_ms(&self) -> u64 {
+        self.coarse_ms.load(Ordering::Relaxed)
     }
 
     fn input(&self, input: RegionInput<M>) {
         // A message forwarded by a peer routes like a local send: it never moves a shard.
+        let input = match input {
+            RegionInput::FromPeer {
+                from,
+                msg: PeerMsg::Deliver(env),
+            } => {
+                // For a shard hosted here, what the state machine's `DeliverLocal` would do,
+                // without the region lock (see `deliver`).
+                match self.deliver_directly(env) {
+                    None => return,
+                    Some(env) => RegionInput::FromPeer {
+                        from,
+                        msg: PeerMsg::Deliver(env),
+                    },
+                }
+            }
+            other => other,
+        };
         if let RegionInput::FromPeer {
             msg: PeerMsg::Deliver(env),
             ..
@@ -349,6 +379,32 @@ where
         }
         let mut g = self.change();
         self.handle_locked(&mut g, input);
+    }
+
+    /// Delivers `env` to the local entity if its shard is taken directly (see `gate`), or
+    /// hands it back for the state machine.
+    fn deliver_directly(&self, env: Envelope<M>) -> Option<Envelope<M>> {
+        let _gate = self.gate.read();
+        let direct = self
+            .local_shards
+            .get(env.shard as usize)
+            .is_some_and(|f| f.load(Ordering::Acquire));
+        if !direct {
+            return Some(env);
+        }
+        let Envelope {
+            entity_id,
+            shard,
+            payload,
+            ..
+        } = env;
+        if let Some(r) = &self.placement.remember {
+            r.delivered(shard, &entity_id);
+        }
+        if self.local.deliver(shard, &entity_id, payload).is_err() {
+            self.dead_letter(&entity_id, "entity refused the message");
+        }
+        None
     }
 
     /// Locks the state for a change that may move shards (see `gate`); the direct-delivery
@@ -394,8 +450,15 @@ where
             input,
             RegionInput::FromCoordinator(_) | RegionInput::CoordinatorChanged
         );
+        let now = match &input {
+            RegionInput::FromPeer {
+                msg: PeerMsg::Deliver(_),
+                ..
+            } => self.coarse_now_ms(),
+            _ => self.now_ms(),
+        };
         let mut out = std::mem::take(&mut g.out);
-        g.state.handle(self.now_ms(), input, &mut out);
+        g.state.handle(now, input, &mut out);
         self.execute(g, &mut out);
         g.out = out;
         self.drop_refused(g);
@@ -732,9 +795,11 @@ where
         }
         let mut g = self.inner.lock();
         let mut out = std::mem::take(&mut g.out);
-        let res = g
-            .state
-            .send(self.now_ms(), Envelope::new(id, shard, msg), &mut out);
+        let res = g.state.send(
+            self.coarse_now_ms(),
+            Envelope::new(id, shard, msg),
+            &mut out,
+        );
         self.execute(&mut g, &mut out);
         g.out = out;
         // This send forwarded at most one envelope, its own: if the peer's queue handed it
