@@ -20,7 +20,7 @@
 //! actor still costs no task.
 
 use std::any::Any;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -39,7 +39,7 @@ use crate::context::Context;
 use crate::dead_letters::DeadReason;
 use crate::dispatcher::{Runnable, Turn};
 use crate::error::TellError;
-use crate::mailbox::{Envelope, Mailbox, Pushed, SystemMessage};
+use crate::mailbox::{Batch, Envelope, Mailbox, Pushed, SystemMessage};
 use crate::props::{Factory, Props, SettingsRef};
 use crate::supervision::{RestartWindow, SupervisorStrategy};
 use crate::system::SystemShared;
@@ -476,10 +476,10 @@ impl<A: Actor> Cell<A> {
         self: &Arc<Self>,
         mut st: Box<RunState<A>>,
         ctx: &mut Context<A>,
-        batch: VecDeque<Envelope<A::Msg>>,
+        batch: Batch<A::Msg>,
         reason: StopReason,
     ) {
-        let mut leftovers = batch;
+        let mut leftovers = batch.into_envelopes();
         leftovers.extend(self.mailbox.close());
 
         let (children, watching) = self.with_extras(|x| {
@@ -664,7 +664,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
         return;
     };
     let mut ctx = Context::new(cell.clone());
-    let mut batch: VecDeque<Envelope<A::Msg>> = VecDeque::new();
+    let mut batch: Batch<A::Msg> = Batch::new();
     let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
     // `Some` while this task lingers: whether work came during the current window.
     let mut linger_worked: Option<bool> = None;
