@@ -58,7 +58,8 @@ pub struct Refused<M> {
 /// Its [`tell`](RemoteRef::tell) and [`ask`](RemoteRef::ask) mirror
 /// [`ActorRef`](shardik_actor::ActorRef)'s: `tell` never blocks and turns an undeliverable
 /// message into a dead letter; `ask` builds the request around a [`ReplyTo`] and waits up to a
-/// timeout. Messages are encoded with MessagePack (named fields) when they are sent, so a
+/// timeout. Messages are encoded in the node's payload format (by default MessagePack with
+/// named fields) when they are sent, so a
 /// `ReplyTo` inside a message (made by `ask`, or by [`ReplyTo::channel`]) is answered across
 /// the network. Delivery is at most once; messages from one sender to one remote actor keep
 /// their order.
@@ -118,7 +119,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
             return Err(SendError::ShutDown);
         }
         let (res, ids) = replies::capture(|| {
-            with_wire_context(&self.peer.wire, || rmp_serde::to_vec_named(msg))
+            with_wire_context(&self.peer.wire, || self.node.cfg.payload_format.encode(msg))
         });
         let payload = match res {
             Ok(p) => p,
@@ -128,7 +129,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
                     &self.node.counters.encode_errors,
                     "shardik_remote_encode_errors_total",
                 );
-                return Err(SendError::Encode(e.to_string()));
+                return Err(SendError::Encode(e));
             }
         };
         // Kind byte, header length, MessagePack overhead of the header (generous).

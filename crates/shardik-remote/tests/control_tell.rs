@@ -1,5 +1,5 @@
-//! `RemoteRef::tell_control`: user messages of a higher layer on the control lane, which a
-//! full or busy user lane neither blocks nor delays.
+//! `RemoteRef::tell_control`: user messages of a higher layer on the control connection,
+//! which a full or busy user lane neither blocks nor delays.
 
 mod common;
 
@@ -69,13 +69,14 @@ async fn control_messages_overtake_queued_user_messages() {
             done,
         }),
     );
-    // The dialer retries (backoff up to 200 ms) until b listens; its writer then drains the
-    // control lane before the first user frame.
+    // Both lanes' dialers retry (backoff up to 200 ms) until b listens; the first connection
+    // up makes the other lane retry at once. The control message then travels on its own
+    // connection, beside the user backlog instead of behind it.
     let (n, users_before) = tokio::time::timeout(T, seen.recv()).await.unwrap().unwrap();
     assert_eq!(n, 1);
-    assert_eq!(
-        users_before, 0,
-        "the control message came after user messages"
+    assert!(
+        users_before < N / 2,
+        "the control message waited behind {users_before} of {N} user messages"
     );
     tokio::time::timeout(Duration::from_secs(30), finished.recv())
         .await
