@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use serde::{Deserialize, Serialize};
-//! use shardik_actor::wire::{PayloadCodec, PayloadFormat};
+//! use shardik_actor::wire::{PayloadCodec, PayloadFormat, Visit};
 //!
 //! /// MessagePack with structs as arrays: smaller, but a field cannot be added later.
 //! struct CompactMessagePack;
@@ -22,9 +22,7 @@
 //!     fn decode<'de>(
 //!         &self,
 //!         bytes: &'de [u8],
-//!         visit: &mut dyn FnMut(
-//!             &mut dyn erased_serde::Deserializer<'de>,
-//!         ) -> Result<(), erased_serde::Error>,
+//!         visit: &mut Visit<'_, 'de>,
 //!     ) -> Result<(), String> {
 //!         let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
 //!         visit(&mut <dyn erased_serde::Deserializer>::erase(&mut de)).map_err(|e| e.to_string())
@@ -48,6 +46,11 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+/// What [`PayloadCodec::decode`] runs with the deserializer it makes: it deserializes the
+/// value the caller wants and keeps it.
+pub type Visit<'v, 'de> =
+    dyn FnMut(&mut dyn erased_serde::Deserializer<'de>) -> Result<(), erased_serde::Error> + 'v;
+
 /// A serde data format for message and reply payloads, as a trait object.
 ///
 /// Implement it for a format and install it with [`PayloadFormat::custom`]. Both ends of a
@@ -61,13 +64,7 @@ pub trait PayloadCodec: Send + Sync + 'static {
 
     /// Makes a deserializer over all of `bytes` and runs `visit` with it (once); `Err` says
     /// why the bytes do not decode (including bytes left over after the value).
-    fn decode<'de>(
-        &self,
-        bytes: &'de [u8],
-        visit: &mut dyn FnMut(
-            &mut dyn erased_serde::Deserializer<'de>,
-        ) -> Result<(), erased_serde::Error>,
-    ) -> Result<(), String>;
+    fn decode<'de>(&self, bytes: &'de [u8], visit: &mut Visit<'_, 'de>) -> Result<(), String>;
 }
 
 /// The payload format of a node: MessagePack with named fields (the default, encoded without
@@ -156,13 +153,7 @@ mod tests {
         fn encode(&self, value: &dyn erased_serde::Serialize) -> Result<Vec<u8>, String> {
             rmp_serde::to_vec_named(value).map_err(|e| e.to_string())
         }
-        fn decode<'de>(
-            &self,
-            bytes: &'de [u8],
-            visit: &mut dyn FnMut(
-                &mut dyn erased_serde::Deserializer<'de>,
-            ) -> Result<(), erased_serde::Error>,
-        ) -> Result<(), String> {
+        fn decode<'de>(&self, bytes: &'de [u8], visit: &mut Visit<'_, 'de>) -> Result<(), String> {
             let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
             visit(&mut <dyn erased_serde::Deserializer>::erase(&mut de)).map_err(|e| e.to_string())
         }
@@ -193,13 +184,7 @@ mod tests {
             fn encode(&self, _: &dyn erased_serde::Serialize) -> Result<Vec<u8>, String> {
                 Ok(Vec::new())
             }
-            fn decode<'de>(
-                &self,
-                _: &'de [u8],
-                _: &mut dyn FnMut(
-                    &mut dyn erased_serde::Deserializer<'de>,
-                ) -> Result<(), erased_serde::Error>,
-            ) -> Result<(), String> {
+            fn decode<'de>(&self, _: &'de [u8], _: &mut Visit<'_, 'de>) -> Result<(), String> {
                 Ok(())
             }
         }

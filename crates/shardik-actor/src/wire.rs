@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::payload::{PayloadCodec, PayloadFormat};
+pub use crate::payload::{PayloadCodec, PayloadFormat, Visit};
 /// The crate [`PayloadCodec`]s are written against.
 pub use erased_serde;
 

@@ -1,6 +1,6 @@
 //! [`JsonCodec`]: JSON payloads, the second built-in payload format.
 
-use shardik_actor::wire::{erased_serde, PayloadCodec, PayloadFormat};
+use shardik_actor::wire::{erased_serde, PayloadCodec, PayloadFormat, Visit};
 
 /// Message and reply payloads as JSON (`serde_json`), through the pluggable
 /// [`PayloadCodec`] seam. Larger and slower than the default MessagePack, but readable in a
@@ -36,13 +36,7 @@ impl PayloadCodec for JsonCodec {
         serde_json::to_vec(value).map_err(|e| e.to_string())
     }
 
-    fn decode<'de>(
-        &self,
-        bytes: &'de [u8],
-        visit: &mut dyn FnMut(
-            &mut dyn erased_serde::Deserializer<'de>,
-        ) -> Result<(), erased_serde::Error>,
-    ) -> Result<(), String> {
+    fn decode<'de>(&self, bytes: &'de [u8], visit: &mut Visit<'_, 'de>) -> Result<(), String> {
         let mut de = serde_json::Deserializer::from_slice(bytes);
         visit(&mut <dyn erased_serde::Deserializer>::erase(&mut de)).map_err(|e| e.to_string())?;
         de.end().map_err(|e| e.to_string())

@@ -87,6 +87,6 @@ pub use registry::{decode_payload, Decoder};
 pub use remote::Remote;
 pub use remote_ref::{Refused, RemoteRef, SendError};
 /// The payload format seam, re-exported from [`shardik_actor::wire`].
-pub use shardik_actor::wire::{PayloadCodec, PayloadFormat};
+pub use shardik_actor::wire::{PayloadCodec, PayloadFormat, Visit};
 pub use stats::{RemoteEvent, RemoteStats};
 pub use tls::TlsConfig;
