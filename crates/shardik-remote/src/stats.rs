@@ -54,7 +54,7 @@ counters! {
     connections_rejected,
     /// Handshakes that failed, on either side.
     handshake_failures,
-    /// Connections that completed a handshake.
+    /// Connections that completed a handshake (two per node pair: control and user).
     connections_established,
     /// Frames dropped by the fault injector.
     fault_dropped,
