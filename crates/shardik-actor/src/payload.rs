@@ -102,27 +102,41 @@ impl PayloadFormat {
     }
 
     /// Encodes `value` in this format.
+    #[inline]
     pub fn encode<T: Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, String> {
         match &self.0 {
             Repr::MessagePackNamed => rmp_serde::to_vec_named(value).map_err(|e| e.to_string()),
-            Repr::Codec(c) => c.encode(&value),
+            Repr::Codec(c) => encode_with(&**c, &value),
         }
     }
 
     /// Decodes a `T` from `bytes` in this format.
+    #[inline]
     pub fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String> {
         match &self.0 {
             Repr::MessagePackNamed => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
-            Repr::Codec(c) => {
-                let mut out = None;
-                c.decode(bytes, &mut |de| {
-                    out = Some(erased_serde::deserialize::<T>(de)?);
-                    Ok(())
-                })?;
-                out.ok_or_else(|| format!("payload codec {:?} did not decode a value", c.name()))
-            }
+            Repr::Codec(c) => decode_with(&**c, bytes),
         }
     }
+}
+
+// The codec paths stay out of line so that the default path inlines as plain rmp_serde.
+#[inline(never)]
+fn encode_with(
+    codec: &dyn PayloadCodec,
+    value: &dyn erased_serde::Serialize,
+) -> Result<Vec<u8>, String> {
+    codec.encode(value)
+}
+
+#[inline(never)]
+fn decode_with<T: DeserializeOwned>(codec: &dyn PayloadCodec, bytes: &[u8]) -> Result<T, String> {
+    let mut out = None;
+    codec.decode(bytes, &mut |de| {
+        out = Some(erased_serde::deserialize::<T>(de)?);
+        Ok(())
+    })?;
+    out.ok_or_else(|| format!("payload codec {:?} did not decode a value", codec.name()))
 }
 
 impl fmt::Debug for PayloadFormat {

@@ -45,7 +45,7 @@ pub struct RemoteConfig {
     /// Capacity of the control lane toward one peer, in frames (default 1 024). When full,
     /// new control messages are dropped like user ones.
     pub control_queue: usize,
-    /// Most user frames the writer encodes into one write (default 1 024).
+    /// Most user frames the user connection's writer encodes into one write (default 1 024).
     pub write_batch_frames: usize,
     /// Time allowed to connect and complete a handshake (default 5 s).
     pub handshake_timeout: Duration,
@@ -53,7 +53,7 @@ pub struct RemoteConfig {
     pub backoff_min: Duration,
     /// Largest reconnect delay (default 5 s).
     pub backoff_max: Duration,
-    /// Heartbeat period on the control lane (default 1 s).
+    /// Heartbeat period, on both connections of a node pair (default 1 s).
     pub heartbeat_interval: Duration,
     /// A connection that receives nothing (not even a heartbeat) for this long is closed
     /// (default 10 s).

@@ -211,10 +211,11 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
     /// Queues `msg` on the peer's **control lane** instead of the user lane, or says why it
     /// was refused (nothing is recorded as a dead letter).
     ///
-    /// The control lane is what the connection's own heartbeats use: the writer drains it
-    /// before any user frame, and it has its own bound (`RemoteConfig::control_queue`,
+    /// The control lane is what heartbeats use: it has its own TCP connection to the node,
+    /// with its own writer and reader, and its own bound (`RemoteConfig::control_queue`,
     /// default 1 024 frames), so a flood of user messages toward the same node neither delays
-    /// these messages behind the user queue nor makes them fail with a full user lane. Meant
+    /// these messages (not in the queue, not in the kernel's buffers, not at the receiver's
+    /// reader) nor makes them fail with a full user lane. Meant
     /// for small, infrequent protocol messages of higher layers (cluster heartbeats and
     /// gossip); the receiver decodes and delivers them exactly like [`tell`](Self::tell)ed
     /// ones. Messages sent with `tell` and `tell_control` to the same actor are not ordered
