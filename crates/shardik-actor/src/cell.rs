@@ -792,7 +792,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
         *cell.run.lock() = Some(st);
         if cell
             .mailbox
-            .go_idle(|| cell.sched.store(IDLE, Ordering::SeqCst))
+            .go_idle(&mut batch, || cell.sched.store(IDLE, Ordering::SeqCst))
         {
             return;
         }

@@ -252,13 +252,25 @@ impl<M> Mailbox<M> {
     /// If both lanes are empty, gives back buffer memory and runs `mark_idle` under the lock,
     /// so no message can be queued between the check and the mark (a sender queues under the
     /// lock and schedules after it). Returns false, without calling `mark_idle`, if work waits.
-    pub(crate) fn go_idle(&self, mark_idle: impl FnOnce()) -> bool {
+    ///
+    /// `spare` is the run task's emptied batch buffer: a small one is kept as the user lane's
+    /// buffer (the lane has none after [`take_batch`](Self::take_batch) swapped it out), so an
+    /// actor that gets a message now and then does not allocate and free a buffer every turn.
+    pub(crate) fn go_idle(
+        &self,
+        spare: &mut VecDeque<Envelope<M>>,
+        mark_idle: impl FnOnce(),
+    ) -> bool {
+        debug_assert!(spare.is_empty());
         let mut lanes = self.lanes.lock();
         if !lanes.user.is_empty() || !lanes.system.is_empty() {
             return false;
         }
         if lanes.user.capacity() > 8 {
             lanes.user = VecDeque::new();
+        }
+        if lanes.user.capacity() == 0 && (1..=8).contains(&spare.capacity()) {
+            std::mem::swap(&mut lanes.user, spare);
         }
         if lanes.system.capacity() > 0 {
             lanes.system = Vec::new();

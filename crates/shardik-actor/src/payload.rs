@@ -110,6 +110,21 @@ impl PayloadFormat {
         }
     }
 
+    /// Appends `value`, encoded in this format, to `buf`.
+    #[inline]
+    pub fn encode_into<T: Serialize + ?Sized>(
+        &self,
+        value: &T,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        match &self.0 {
+            Repr::MessagePackNamed => {
+                rmp_serde::encode::write_named(buf, value).map_err(|e| e.to_string())
+            }
+            Repr::Codec(c) => encode_with(&**c, &value).map(|bytes| buf.extend_from_slice(&bytes)),
+        }
+    }
+
     /// Decodes a `T` from `bytes` in this format.
     #[inline]
     pub fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String> {

@@ -235,6 +235,24 @@ struct HeaderBorrowed<'a> {
     reply_ids: Vec<u64>,
 }
 
+/// The last recipient path and type tag a connection decoded (see
+/// [`Frame::decode_body_with`]).
+#[derive(Debug, Default)]
+pub struct HeaderCache {
+    recipient: Option<Arc<str>>,
+    type_tag: Option<Arc<str>>,
+}
+
+impl HeaderCache {
+    /// `s` as an `Arc<str>`: the cached one if it is equal, else a new one that is cached.
+    fn intern(slot: &mut Option<Arc<str>>, s: &str) -> Arc<str> {
+        match slot {
+            Some(cached) if **cached == *s => cached.clone(),
+            _ => slot.insert(Arc::from(s)).clone(),
+        }
+    }
+}
+
 /// One frame of the remote protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
@@ -350,7 +368,14 @@ impl Frame {
 
     /// Parses a frame body (as cut by [`crate::codec::FrameCodec`]). Never panics; payloads
     /// are slices of `body`, not copies.
-    pub fn decode_body(mut body: Bytes) -> Result<Frame, FrameError> {
+    pub fn decode_body(body: Bytes) -> Result<Frame, FrameError> {
+        Frame::decode_body_with(body, &mut HeaderCache::default())
+    }
+
+    /// Like [`decode_body`](Self::decode_body), reusing the recipient path and type tag of
+    /// the previous message when they repeat (a connection reader keeps one `cache`), so a
+    /// stream of messages to the same actor does not allocate them per message.
+    pub fn decode_body_with(mut body: Bytes, cache: &mut HeaderCache) -> Result<Frame, FrameError> {
         fn compact<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
             rmp_serde::from_slice(body).map_err(|e| FrameError::Malformed(e.to_string()))
         }
@@ -392,9 +417,9 @@ impl Frame {
                     let header: HeaderBorrowed<'_> = rmp_serde::from_slice(&body[..header_len])
                         .map_err(|e| FrameError::Malformed(e.to_string()))?;
                     Envelope {
-                        recipient: header.recipient.into(),
+                        recipient: HeaderCache::intern(&mut cache.recipient, header.recipient),
                         sender: header.sender.map(Into::into),
-                        type_tag: header.type_tag.into(),
+                        type_tag: HeaderCache::intern(&mut cache.type_tag, header.type_tag),
                         reply_ids: header.reply_ids,
                         payload: Bytes::new(),
                     }
@@ -503,6 +528,36 @@ pub(crate) mod tests {
             control,
             [true, true, true, true, true, true, true, false, false, false, false]
         );
+    }
+
+    /// A connection's header cache hands out the previous path and tag while they repeat,
+    /// and follows a change.
+    #[test]
+    fn header_cache_reuses_repeated_paths_and_tags() {
+        let encode = |recipient: &str| {
+            let mut body = BytesMut::new();
+            Frame::Message(Envelope {
+                recipient: recipient.into(),
+                sender: None,
+                type_tag: "my::Msg".into(),
+                reply_ids: vec![],
+                payload: Bytes::from_static(b"\x01"),
+            })
+            .encode_body(&mut body)
+            .unwrap();
+            body.freeze()
+        };
+        let mut cache = HeaderCache::default();
+        let mut decode =
+            |recipient: &str| match Frame::decode_body_with(encode(recipient), &mut cache) {
+                Ok(Frame::Message(env)) => env,
+                other => panic!("not a message: {other:?}"),
+            };
+        let (a, b, c) = (decode("/user/a"), decode("/user/a"), decode("/user/b"));
+        assert!(Arc::ptr_eq(&a.recipient, &b.recipient));
+        assert!(Arc::ptr_eq(&a.type_tag, &c.type_tag));
+        assert_eq!(&*c.recipient, "/user/b");
+        assert_eq!(b.payload, Bytes::from_static(b"\x01"));
     }
 
     #[test]

@@ -2,12 +2,12 @@
 //! themselves: accepting, dialing with backoff, reading and writing connections.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use shardik_actor::wire::with_wire_context;
 use shardik_actor::ActorSystem;
@@ -21,12 +21,15 @@ use tokio_util::task::TaskTracker;
 use crate::codec::{encode_frame, BodyCodec};
 use crate::config::RemoteConfig;
 use crate::error::{DecodeError, HandshakeError, RemoteError};
-use crate::frame::{Envelope, Frame, Lane, NodeIdentity, RejectReason, ReplyFailure};
+use crate::frame::{Envelope, Frame, HeaderCache, Lane, NodeIdentity, RejectReason, ReplyFailure};
 use crate::handshake::{self, Local};
 use crate::peer::{ConnSlot, ConnectionInfo, Installed, Peer, Restarted};
-use crate::registry::Registry;
+use crate::registry::{LookupCache, Registry};
 use crate::replies::{self, Replies};
 use crate::stats::{should_log, Counters, RemoteEvent};
+
+/// Frames a connection reader handles in one go before it looks at cancellation again.
+const READ_BURST: usize = 256;
 
 /// At most this many connections may be in their handshake at once; more are closed at once.
 const MAX_PENDING_HANDSHAKES: usize = 256;
@@ -43,6 +46,9 @@ pub(crate) struct Node {
     pub(crate) counters: Counters,
     pub(crate) events: broadcast::Sender<RemoteEvent>,
     pub(crate) shutdown: CancellationToken,
+    /// Set with `shutdown` (see [`Node::shut_down`]): read on every send, where the token's
+    /// `is_cancelled` would take its mutex.
+    closed: AtomicBool,
     pub(crate) tasks: TaskTracker,
     handshake_slots: Arc<Semaphore>,
     next_conn: AtomicU64,
@@ -62,11 +68,24 @@ impl Node {
             counters: Counters::default(),
             events: broadcast::channel(1024).0,
             shutdown: CancellationToken::new(),
+            closed: AtomicBool::new(false),
             tasks: TaskTracker::new(),
             handshake_slots: Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES)),
             next_conn: AtomicU64::new(1),
             me: me.clone(),
         })
+    }
+
+    /// Starts shutting the layer down: sends fail from now on and every task is cancelled.
+    pub(crate) fn shut_down(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.shutdown.cancel();
+    }
+
+    /// True once [`shut_down`](Self::shut_down) was called (a lock-free read).
+    #[inline]
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     fn event(&self, e: RemoteEvent) {
@@ -397,7 +416,7 @@ impl Node {
     }
 
     /// Delivers a received message to the registered actor.
-    fn dispatch(&self, peer: &Peer, env: Envelope) {
+    fn dispatch(self: &Arc<Self>, peer: &Peer, env: Envelope, lookups: &mut LookupCache) {
         let fail = |failure: ReplyFailure, reason: String| {
             if !env.reply_ids.is_empty() {
                 peer.send_reply(Frame::ReplyFailed {
@@ -407,7 +426,7 @@ impl Node {
                 });
             }
         };
-        let Some(decoder) = self.registry.get(&env.recipient) else {
+        let Some(decoder) = self.registry.get_cached(&env.recipient, lookups) else {
             let n = self.counters.bump(
                 &self.counters.unknown_recipient,
                 "shardik_remote_unknown_recipient_total",
@@ -431,12 +450,8 @@ impl Node {
             );
             return;
         };
-        let me = self
-            .me
-            .upgrade()
-            .expect("node is alive while it dispatches");
         let res = replies::dispatching(|| {
-            crate::remote_ref::decoding_on(&me, || {
+            crate::remote_ref::decoding_on(self, || {
                 with_wire_context(&peer.wire, || decoder(&env.payload))
             })
         });
@@ -473,13 +488,15 @@ impl Node {
         }
     }
 
-    /// Handles one frame that arrived on the `lane` connection. False ends the connection.
+    /// Handles one frame that arrived on the `lane` connection. `lookups` is the
+    /// connection's recipient lookup cache. False ends the connection.
     pub(crate) fn handle_frame(
-        &self,
+        self: &Arc<Self>,
         peer: &Peer,
         lane: Lane,
         remote_id: &str,
         frame: Frame,
+        lookups: &mut LookupCache,
     ) -> bool {
         if let Some(f) = &self.cfg.faults {
             if f.is_cut(remote_id, &self.local.me.node_id) {
@@ -488,7 +505,7 @@ impl Node {
             }
         }
         match frame {
-            Frame::Message(env) => self.dispatch(peer, env),
+            Frame::Message(env) => self.dispatch(peer, env, lookups),
             Frame::Reply { id, payload } => match self.replies.complete(id, &payload) {
                 Ok(true) => {}
                 Ok(false) => {
@@ -721,43 +738,59 @@ async fn run_connection<R, W>(
     ));
     let idle = node.cfg.idle_timeout;
     let mut delayer: Option<Delayer> = None;
-    loop {
-        // Frames already buffered are parsed without touching the socket, so without this a
-        // busy reader would handle thousands of them per turn and hold its worker thread for
-        // tens of milliseconds, in front of the control connection's tasks. It yields after
-        // each coop budget (128 units) instead.
-        tokio::task::coop::consume_budget().await;
-        let next = tokio::select! {
+    let mut headers = HeaderCache::default();
+    let mut lookups = LookupCache::default();
+    // One idle timer for the connection, re-armed from the time of the last frame only when
+    // it fires, and one cancellation future: nothing per frame.
+    let idle_timer = tokio::time::sleep(idle);
+    tokio::pin!(idle_timer);
+    let cancelled = cancel.cancelled();
+    tokio::pin!(cancelled);
+    let mut last_frame = tokio::time::Instant::now();
+    'connection: loop {
+        let mut next = tokio::select! {
             biased;
-            _ = cancel.cancelled() => break,
-            r = tokio::time::timeout(idle, reader.next()) => r,
-        };
-        match next {
-            Err(_) => {
+            _ = &mut cancelled => break,
+            _ = &mut idle_timer => {
+                let due = last_frame + idle;
+                if due > tokio::time::Instant::now() {
+                    idle_timer.as_mut().reset(due);
+                    continue;
+                }
                 tracing::warn!(peer = %remote.node_id, peer_addr = %peer.addr, lane = lane.as_str(), ?idle, "nothing received within the idle timeout; closing the connection");
                 break;
             }
-            Ok(None) => {
-                tracing::debug!(peer = %remote.node_id, lane = lane.as_str(), "connection closed by the peer");
-                break;
-            }
-            Ok(Some(Err(e))) => {
-                if !matches!(e, crate::error::FrameError::Io(_)) {
-                    node.counters.bump(
-                        &node.counters.connections_rejected,
-                        "shardik_remote_connections_rejected_total",
-                    );
-                    tracing::error!(peer = %remote.node_id, peer_addr = %peer.addr, lane = lane.as_str(), "closing the connection: {e}");
-                    node.event(RemoteEvent::ConnectionRejected {
-                        addr: peer.addr.to_string(),
-                        error: e.to_string(),
-                    });
-                } else {
-                    tracing::debug!(peer = %remote.node_id, lane = lane.as_str(), "connection failed: {e}");
+            r = reader.next() => r,
+        };
+        last_frame = tokio::time::Instant::now();
+        // Frames already read and buffered are handled without going back to the select,
+        // up to a budget, so that cancellation and the idle timer are still looked at.
+        let mut budget = READ_BURST;
+        loop {
+            let body = match next {
+                None => {
+                    tracing::debug!(peer = %remote.node_id, lane = lane.as_str(), "connection closed by the peer");
+                    break 'connection;
                 }
-                break;
-            }
-            Ok(Some(Ok(body))) => match Frame::decode_body(body) {
+                Some(Err(e)) => {
+                    if !matches!(e, crate::error::FrameError::Io(_)) {
+                        node.counters.bump(
+                            &node.counters.connections_rejected,
+                            "shardik_remote_connections_rejected_total",
+                        );
+                        tracing::error!(peer = %remote.node_id, peer_addr = %peer.addr, lane = lane.as_str(), "closing the connection: {e}");
+                        node.event(RemoteEvent::ConnectionRejected {
+                            addr: peer.addr.to_string(),
+                            error: e.to_string(),
+                        });
+                    } else {
+                        tracing::debug!(peer = %remote.node_id, lane = lane.as_str(), "connection failed: {e}");
+                    }
+                    break 'connection;
+                }
+                Some(Ok(body)) => body,
+            };
+            match Frame::decode_body_with(body, &mut headers) {
                 Ok(frame) => {
                     // Fault injection: a delayed link, or frames still held from one.
                     let delay = node
@@ -778,10 +811,9 @@ async fn run_connection<R, W>(
                         }
                         let due = tokio::time::Instant::now() + delay.unwrap_or_default();
                         let _ = d.tx.send((due, frame));
-                        continue;
-                    }
-                    if !node.handle_frame(&peer, lane, &remote.node_id, frame) {
-                        break;
+                    } else if !node.handle_frame(&peer, lane, &remote.node_id, frame, &mut lookups)
+                    {
+                        break 'connection;
                     }
                 }
                 Err(e) => {
@@ -793,7 +825,20 @@ async fn run_connection<R, W>(
                         tracing::error!(peer = %remote.node_id, total = n, "skipping a frame that does not parse: {e}");
                     }
                 }
-            },
+            }
+            budget -= 1;
+            if budget == 0 {
+                break;
+            }
+            // Buffered frames are parsed without touching the socket, so without this a busy
+            // reader would handle thousands of them per turn and hold its worker thread for
+            // tens of milliseconds, in front of the control connection's tasks. It yields
+            // after each coop budget (128 units) instead.
+            tokio::task::coop::consume_budget().await;
+            match reader.next().now_or_never() {
+                Some(n) => next = n,
+                None => break,
+            }
         }
     }
     cancel.cancel();
@@ -835,6 +880,7 @@ impl Delayer {
             cancel.clone(),
         );
         let left = pending.clone();
+        let mut lookups = LookupCache::default();
         node.tasks.spawn(async move {
             loop {
                 let (due, frame) = tokio::select! {
@@ -848,7 +894,7 @@ impl Delayer {
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep_until(due) => {}
                 }
-                let keep = node2.handle_frame(&peer, lane, &remote_id, frame);
+                let keep = node2.handle_frame(&peer, lane, &remote_id, frame, &mut lookups);
                 left.fetch_sub(1, Ordering::AcqRel);
                 if !keep {
                     cancel.cancel();

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::frame::{Frame, Lane, NodeIdentity, RejectReason};
 use crate::node::Node;
 use crate::queue::{Full, OutQueue};
+use crate::registry::LookupCache;
 use crate::replies::PeerWire;
 use crate::stats::should_log;
 
@@ -149,7 +150,7 @@ impl Peer {
             // arrived (same encoding, same reply path).
             if let Some(node) = self.node.upgrade() {
                 let me = node.local.me.node_id.clone();
-                node.handle_frame(self, lane, &me, frame);
+                node.handle_frame(self, lane, &me, frame, &mut LookupCache::default());
             }
             return Ok(());
         }

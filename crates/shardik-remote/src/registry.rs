@@ -2,6 +2,7 @@
 //! type.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -17,19 +18,45 @@ pub type Decoder = Arc<dyn Fn(&[u8]) -> Result<(), DecodeError> + Send + Sync>;
 #[derive(Default)]
 pub(crate) struct Registry {
     map: RwLock<HashMap<Arc<str>, Decoder>>,
+    /// Bumped by every change of `map`: invalidates the per-thread lookup caches.
+    generation: AtomicU64,
 }
+
+/// A connection's last lookup (see [`Registry::get_cached`]).
+#[derive(Default)]
+pub(crate) struct LookupCache(Option<(u64, Arc<str>, Decoder)>);
 
 impl Registry {
     pub(crate) fn insert(&self, path: &str, decoder: Decoder) -> Option<Decoder> {
-        self.map.write().insert(path.into(), decoder)
+        let mut map = self.map.write();
+        self.generation.fetch_add(1, Ordering::Release);
+        map.insert(path.into(), decoder)
     }
 
     pub(crate) fn remove(&self, path: &str) -> bool {
-        self.map.write().remove(path).is_some()
+        let mut map = self.map.write();
+        self.generation.fetch_add(1, Ordering::Release);
+        map.remove(path).is_some()
     }
 
     pub(crate) fn get(&self, path: &str) -> Option<Decoder> {
         self.map.read().get(path).cloned()
+    }
+
+    /// Like [`get`](Self::get), answered from `cache` (one connection's last lookup) when
+    /// it was for the same `path` (the same `Arc`, as the connection's header cache hands
+    /// out for repeated paths) and nothing was registered or removed since: a stream of
+    /// messages to one actor then skips the shared lock and the map.
+    pub(crate) fn get_cached(&self, path: &Arc<str>, cache: &mut LookupCache) -> Option<Decoder> {
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some((gen, p, d)) = &cache.0 {
+            if *gen == generation && Arc::ptr_eq(p, path) {
+                return Some(d.clone());
+            }
+        }
+        let found = self.get(path)?;
+        cache.0 = Some((generation, path.clone(), found.clone()));
+        Some(found)
     }
 }
 
@@ -74,4 +101,35 @@ where
             DecodeError::Refused(why.to_string())
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoder(tag: u8, seen: Arc<parking_lot::Mutex<Vec<u8>>>) -> Decoder {
+        Arc::new(move |_: &[u8]| {
+            seen.lock().push(tag);
+            Ok(())
+        })
+    }
+
+    /// The per-connection cache answers repeats, and never outlives a change of the
+    /// registry: a replaced or removed actor is looked up afresh.
+    #[test]
+    fn cached_lookups_follow_registrations_and_removals() {
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let reg = Registry::default();
+        let path: Arc<str> = "/user/a".into();
+        let mut cache = LookupCache::default();
+        assert!(reg.get_cached(&path, &mut cache).is_none());
+        reg.insert("/user/a", decoder(1, seen.clone()));
+        reg.get_cached(&path, &mut cache).unwrap()(b"").unwrap();
+        reg.get_cached(&path, &mut cache).unwrap()(b"").unwrap();
+        reg.insert("/user/a", decoder(2, seen.clone()));
+        reg.get_cached(&path, &mut cache).unwrap()(b"").unwrap();
+        assert!(reg.remove("/user/a"));
+        assert!(reg.get_cached(&path, &mut cache).is_none());
+        assert_eq!(*seen.lock(), vec![1, 1, 2]);
+    }
 }

@@ -98,11 +98,11 @@ impl Remote {
             node.shutdown.clone(),
         ));
         let sys = system.clone();
-        let stop = node.shutdown.clone();
+        let stopping = node.clone();
         node.tasks.spawn(async move {
             tokio::select! {
-                _ = sys.shutdown_started() => stop.cancel(),
-                _ = stop.cancelled() => {}
+                _ = sys.shutdown_started() => stopping.shut_down(),
+                _ = stopping.shutdown.cancelled() => {}
             }
         });
         tracing::info!(
@@ -259,7 +259,7 @@ impl Remote {
     /// Stops listening, closes every connection and waits for the layer's tasks to end.
     /// Queued messages are dropped. Also happens when the actor system shuts down.
     pub async fn shutdown(&self) {
-        self.node.shutdown.cancel();
+        self.node.shut_down();
         self.node.tasks.close();
         self.node.tasks.wait().await;
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use shardik_actor::wire::with_wire_context;
+use shardik_actor::wire::{with_wire_context, PayloadFormat};
 use shardik_actor::{AskError, ReplyTo};
 use tokio::sync::oneshot;
 
@@ -115,12 +115,12 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
 
     /// Encodes `msg` into a frame; returns the reply slots it exported.
     fn encode(&self, msg: &M) -> Result<(Frame, Vec<u64>), SendError> {
-        if self.node.shutdown.is_cancelled() {
+        if self.node.is_shut_down() {
             return Err(SendError::ShutDown);
         }
-        let (res, ids) = replies::capture(|| {
-            with_wire_context(&self.peer.wire, || self.node.cfg.payload_format.encode(msg))
-        });
+        let format = &self.node.cfg.payload_format;
+        let (res, ids) =
+            replies::capture(|| with_wire_context(&self.peer.wire, || encode_payload(format, msg)));
         let payload = match res {
             Ok(p) => p,
             Err(e) => {
@@ -148,7 +148,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
             sender: None,
             type_tag: self.type_tag.clone(),
             reply_ids: ids.clone(),
-            payload: Bytes::from(payload),
+            payload,
         });
         Ok((frame, ids))
     }
@@ -377,4 +377,29 @@ fn ask_error(failure: ReplyFailure, reason: String) -> AskError {
         | ReplyFailure::Undecodable
         | ReplyFailure::Undeliverable => AskError::Undeliverable(reason),
     }
+}
+
+thread_local! {
+    /// A scratch buffer per thread for [`encode_payload`].
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Encodes `msg` in `format` into exactly-sized [`Bytes`]: serialized into a reused
+/// per-thread buffer first, then copied once. Serializing into a fresh `Vec` grew it step by
+/// step (several reallocations for a 100-byte message) and left spare capacity that made the
+/// conversion to `Bytes` allocate once more.
+fn encode_payload<M: Serialize>(format: &PayloadFormat, msg: &M) -> Result<Bytes, String> {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            let res = format.encode_into(msg, &mut buf);
+            let out = res.map(|()| Bytes::copy_from_slice(&buf));
+            if buf.capacity() > 64 * 1024 {
+                *buf = Vec::new();
+            }
+            out
+        }
+        // A message whose serialization sends another message on this thread.
+        Err(_) => format.encode(msg).map(Bytes::from),
+    })
 }

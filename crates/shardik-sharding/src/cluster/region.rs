@@ -4,11 +4,11 @@
 //! to peers and the coordinator over shardik-remote.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockWriteGuard};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use shardik_actor::{ActorSystem, TellError};
@@ -84,6 +84,18 @@ pub(crate) struct ClusterRegion<M> {
     local: Arc<dyn ShardHost<M>>,
     self_id: RegionId,
     inner: Mutex<Inner<M>>,
+    /// Per shard: messages for it go straight to the local entities, without `inner` (see
+    /// [`ClusterRegion::deliver`]). True exactly while the state machine hosts the shard here
+    /// (`RegionState::is_local`), the node is not fenced and the region has not stopped;
+    /// rewritten at the end of every change of state ([`Change`]), while `gate` is held for
+    /// writing.
+    local_shards: Box<[AtomicBool]>,
+    /// Held for reading by a direct local delivery, for writing by every change of state
+    /// that may move a shard away: such a change waits for deliveries in progress, and
+    /// none starts until the flags are rewritten.
+    gate: RwLock<()>,
+    /// See [`ClusterRegion::coarse_now_ms`].
+    coarse_ms: AtomicU64,
     events: mpsc::UnboundedSender<RegionEvent>,
     coordinator: mpsc::UnboundedSender<CoordEvent>,
     stopped: AtomicBool,
@@ -91,6 +103,40 @@ pub(crate) struct ClusterRegion<M> {
     leave_complete: watch::Sender<bool>,
     registration: watch::Sender<Registration>,
     placement: RegionRole,
+}
+
+/// The region's state, locked for a change that may move shards: holds `gate` for writing,
+/// and rewrites the direct-delivery flags (`local_shards`) before it lets go.
+struct Change<'a, M> {
+    region: &'a ClusterRegion<M>,
+    inner: MutexGuard<'a, Inner<M>>,
+    _gate: RwLockWriteGuard<'a, ()>,
+}
+
+impl<M> std::ops::Deref for Change<'_, M> {
+    type Target = Inner<M>;
+    fn deref(&self) -> &Inner<M> {
+        &self.inner
+    }
+}
+
+impl<M> std::ops::DerefMut for Change<'_, M> {
+    fn deref_mut(&mut self) -> &mut Inner<M> {
+        &mut self.inner
+    }
+}
+
+impl<M> Drop for Change<'_, M> {
+    fn drop(&mut self) {
+        let (region, g) = (self.region, &*self.inner);
+        let open = g.fenced.is_none() && !region.stopped.load(Ordering::SeqCst);
+        for (shard, flag) in region.local_shards.iter().enumerate() {
+            flag.store(
+                open && g.state.is_local(shard as ShardId),
+                Ordering::Release,
+            );
+        }
+    }
 }
 
 /// The driver task of a started [`ClusterRegion`], not running yet.
@@ -141,6 +187,9 @@ where
             clock,
             local,
             self_id: self_id.clone(),
+            local_shards: (0..shard_count).map(|_| AtomicBool::new(false)).collect(),
+            gate: RwLock::new(()),
+            coarse_ms: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 state: RegionState::new(self_id, config),
                 coord: None,
@@ -186,7 +235,7 @@ where
 
     /// A coordinator message (from the network, or directly from this node's coordinator).
     pub(crate) fn on_coordinator_msg(&self, mut msg: ToRegion) {
-        let mut g = self.inner.lock();
+        let mut g = self.change();
         // A home on a node this view already holds gone is stale (the coordinator waits
         // `down_margin` before it reallocates): drop it, keep buffering, ask again later.
         // So is a home on a replaced process (its node id runs again with another
@@ -284,13 +333,104 @@ where
             .collect()
     }
 
+    /// Milliseconds since the region started; also advances [`coarse_now_ms`](Self::coarse_now_ms).
     fn now_ms(&self) -> u64 {
-        self.clock.elapsed().as_millis() as u64
+        let now = self.clock.elapsed().as_millis() as u64;
+        self.coarse_ms.fetch_max(now, Ordering::Relaxed);
+        now
+    }
+
+    /// The time of the last input other than a message (at least every `tick`): what
+    /// routing a message uses, so that a message costs no clock read. The state machine
+    /// only times retries and hand-offs (seconds) with it.
+    fn coarse_now_ms(&self) -> u64 {
+        self.coarse_ms.load(Ordering::Relaxed)
     }
 
     fn input(&self, input: RegionInput<M>) {
-        let mut g = self.inner.lock();
+        // A message forwarded by a peer routes like a local send: it never moves a shard.
+        let input = match input {
+            RegionInput::FromPeer {
+                from,
+                msg: PeerMsg::Deliver(env),
+            } => {
+                // For a shard hosted here, what the state machine's `DeliverLocal` would do,
+                // without the region lock (see `deliver`).
+                match self.deliver_directly(env) {
+                    None => return,
+                    Some(env) => RegionInput::FromPeer {
+                        from,
+                        msg: PeerMsg::Deliver(env),
+                    },
+                }
+            }
+            other => other,
+        };
+        if let RegionInput::FromPeer {
+            msg: PeerMsg::Deliver(env),
+            ..
+        } = &input
+        {
+            let shard = env.shard;
+            let mut g = self.inner.lock();
+            self.handle_locked(&mut g, input);
+            self.debug_check_flag(&g, shard);
+            return;
+        }
+        let mut g = self.change();
         self.handle_locked(&mut g, input);
+    }
+
+    /// Delivers `env` to the local entity if its shard is taken directly (see `gate`), or
+    /// hands it back for the state machine.
+    fn deliver_directly(&self, env: Envelope<M>) -> Option<Envelope<M>> {
+        let _gate = self.gate.read();
+        let direct = self
+            .local_shards
+            .get(env.shard as usize)
+            .is_some_and(|f| f.load(Ordering::Acquire));
+        if !direct {
+            return Some(env);
+        }
+        let Envelope {
+            entity_id,
+            shard,
+            payload,
+            ..
+        } = env;
+        if let Some(r) = &self.placement.remember {
+            r.delivered(shard, &entity_id);
+        }
+        if self.local.deliver(shard, &entity_id, payload).is_err() {
+            self.dead_letter(&entity_id, "entity refused the message");
+        }
+        None
+    }
+
+    /// Locks the state for a change that may move shards (see `gate`); the direct-delivery
+    /// flags are rewritten when the returned guard is dropped.
+    fn change(&self) -> Change<'_, M> {
+        let gate = self.gate.write();
+        Change {
+            region: self,
+            inner: self.inner.lock(),
+            _gate: gate,
+        }
+    }
+
+    /// Debug builds: routing a message must not have changed whether its shard is taken
+    /// directly (only changes under [`change`](Self::change) may). Skipped once the region
+    /// stopped: `stopped` is set before the change that clears the flags.
+    fn debug_check_flag(&self, g: &Inner<M>, shard: ShardId) {
+        if cfg!(debug_assertions) && !self.stopped.load(Ordering::SeqCst) {
+            if let Some(flag) = self.local_shards.get(shard as usize) {
+                debug_assert_eq!(
+                    flag.load(Ordering::SeqCst),
+                    g.fenced.is_none() && g.state.is_local(shard),
+                    "shard {shard}'s direct-delivery flag is stale after routing a message"
+                );
+            }
+        }
     }
 
     fn handle_locked(&self, g: &mut Inner<M>, input: RegionInput<M>) {
@@ -310,8 +450,15 @@ where
             input,
             RegionInput::FromCoordinator(_) | RegionInput::CoordinatorChanged
         );
+        let now = match &input {
+            RegionInput::FromPeer {
+                msg: PeerMsg::Deliver(_),
+                ..
+            } => self.coarse_now_ms(),
+            _ => self.now_ms(),
+        };
         let mut out = std::mem::take(&mut g.out);
-        g.state.handle(self.now_ms(), input, &mut out);
+        g.state.handle(now, input, &mut out);
         self.execute(g, &mut out);
         g.out = out;
         self.drop_refused(g);
@@ -519,7 +666,7 @@ where
         };
         let mut inputs = Vec::new();
         {
-            let mut g = self.inner.lock();
+            let mut g = self.change();
             let proxy = self.placement.proxy || my_roles == Some(false);
             if proxy != g.state.is_proxy() {
                 g.state.set_proxy(proxy);
@@ -567,7 +714,7 @@ where
     /// node. Lifted (a majority reachable again, no decision against this node): the held
     /// messages are delivered, in order, and entities start again on demand.
     fn on_fence(&self, fenced: bool) {
-        let mut g = self.inner.lock();
+        let mut g = self.change();
         match (fenced, g.fenced.is_some()) {
             (true, false) => {
                 g.fenced = Some(Vec::new());
@@ -610,7 +757,7 @@ where
         if self.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
-        let hosted = self.inner.lock().state.hosted_shards();
+        let hosted = self.change().state.hosted_shards();
         tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "cluster node stopped: stopping hosted shards");
         for shard in hosted {
             if let Some(r) = &self.placement.remember {
@@ -629,19 +776,30 @@ where
         if self.stopped.load(Ordering::Relaxed) {
             return Err(TellError::Stopped(msg));
         }
-        let mut g = self.inner.lock();
-        // A shard hosted here: what `send` + `DeliverLocal` would do, without an envelope
-        // (under the same lock, so in order with every transition of the shard).
-        if g.fenced.is_none() && g.state.send_local(shard) {
-            if let Some(r) = &self.placement.remember {
-                r.delivered(shard, id);
+        // A shard hosted here: what `send` + `DeliverLocal` would do, without an envelope and
+        // without the region lock. The gate keeps every change that could move the shard
+        // away waiting until this delivery is in the entity's mailbox, so it stays in order
+        // with the shard's transitions (a hand-off stops the entities after it).
+        {
+            let _gate = self.gate.read();
+            if self
+                .local_shards
+                .get(shard as usize)
+                .is_some_and(|f| f.load(Ordering::Acquire))
+            {
+                if let Some(r) = &self.placement.remember {
+                    r.delivered(shard, id);
+                }
+                return self.local.deliver(shard, id, msg);
             }
-            return self.local.deliver(shard, id, msg);
         }
+        let mut g = self.inner.lock();
         let mut out = std::mem::take(&mut g.out);
-        let res = g
-            .state
-            .send(self.now_ms(), Envelope::new(id, shard, msg), &mut out);
+        let res = g.state.send(
+            self.coarse_now_ms(),
+            Envelope::new(id, shard, msg),
+            &mut out,
+        );
         self.execute(&mut g, &mut out);
         g.out = out;
         // This send forwarded at most one envelope, its own: if the peer's queue handed it
@@ -652,6 +810,7 @@ where
             return Err(TellError::MailboxFull(env.payload));
         }
         self.drop_refused(&mut g);
+        self.debug_check_flag(&g, shard);
         res.map_err(|r| match r.error {
             SendError::BufferFull { .. } => TellError::MailboxFull(r.envelope.payload),
             SendError::Refused(_) | SendError::BadShard { .. } => {

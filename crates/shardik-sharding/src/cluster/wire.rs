@@ -9,7 +9,9 @@ use shardik_actor::ReplyTo;
 use shardik_cluster::member::UniqueAddress;
 use shardik_remote::Decoder;
 
-use crate::coordination::{CoordinatorState, Epoch, PeerMsg, RegionId, ToCoordinator, Version};
+use crate::coordination::{
+    CoordinatorState, Envelope, Epoch, HandOffId, PeerMsg, RegionId, ToCoordinator, Version,
+};
 use crate::hash::ShardId;
 
 /// The replica endpoint, one per node for all entity types.
@@ -54,10 +56,95 @@ pub(crate) fn region_node(region: &RegionId) -> Option<UniqueAddress> {
 }
 
 /// A message from another region.
-#[derive(Serialize, Deserialize)]
+///
+/// Encoded as one array instead of maps of named fields, because it travels with every
+/// forwarded entity message: `[from, 0, entity_id, shard, hops, payload]` for
+/// [`PeerMsg::Deliver`], `[from, 1, hand-off id, shard]` for [`PeerMsg::Fence`]. The payload
+/// (the user's message) keeps the transport's encoding, named fields by default.
 pub(crate) struct PeerWire<M> {
     pub(crate) from: RegionId,
     pub(crate) msg: PeerMsg<M>,
+}
+
+const PEER_DELIVER: u8 = 0;
+const PEER_FENCE: u8 = 1;
+
+impl<M: Serialize> Serialize for PeerWire<M> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        match &self.msg {
+            PeerMsg::Deliver(env) => {
+                let mut t = s.serialize_tuple(6)?;
+                t.serialize_element(&self.from.0)?;
+                t.serialize_element(&PEER_DELIVER)?;
+                t.serialize_element(&env.entity_id)?;
+                t.serialize_element(&env.shard)?;
+                t.serialize_element(&env.hops)?;
+                t.serialize_element(&env.payload)?;
+                t.end()
+            }
+            PeerMsg::Fence { id, shard } => {
+                let mut t = s.serialize_tuple(4)?;
+                t.serialize_element(&self.from.0)?;
+                t.serialize_element(&PEER_FENCE)?;
+                t.serialize_element(id)?;
+                t.serialize_element(shard)?;
+                t.end()
+            }
+        }
+    }
+}
+
+impl<'de, M: Deserialize<'de>> Deserialize<'de> for PeerWire<M> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<M>(std::marker::PhantomData<M>);
+        impl<'de, M: Deserialize<'de>> serde::de::Visitor<'de> for Visit<M> {
+            type Value = PeerWire<M>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a region message: [from, kind, ...]")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                use serde::de::Error;
+                let missing =
+                    |at: usize| A::Error::invalid_length(at, &"a complete region message");
+                let from: String = seq.next_element()?.ok_or_else(|| missing(0))?;
+                let kind: u8 = seq.next_element()?.ok_or_else(|| missing(1))?;
+                let msg = match kind {
+                    PEER_DELIVER => {
+                        let entity_id: String = seq.next_element()?.ok_or_else(|| missing(2))?;
+                        let shard: ShardId = seq.next_element()?.ok_or_else(|| missing(3))?;
+                        let hops: u8 = seq.next_element()?.ok_or_else(|| missing(4))?;
+                        let payload: M = seq.next_element()?.ok_or_else(|| missing(5))?;
+                        PeerMsg::Deliver(Envelope {
+                            entity_id,
+                            shard,
+                            hops,
+                            payload,
+                        })
+                    }
+                    PEER_FENCE => {
+                        let id: HandOffId = seq.next_element()?.ok_or_else(|| missing(2))?;
+                        let shard: ShardId = seq.next_element()?.ok_or_else(|| missing(3))?;
+                        PeerMsg::Fence { id, shard }
+                    }
+                    other => {
+                        return Err(A::Error::invalid_value(
+                            serde::de::Unexpected::Unsigned(other.into()),
+                            &"0 (deliver) or 1 (fence)",
+                        ))
+                    }
+                };
+                Ok(PeerWire {
+                    from: RegionId(from),
+                    msg,
+                })
+            }
+        }
+        d.deserialize_seq(Visit(std::marker::PhantomData))
+    }
 }
 
 /// A message to the coordinator endpoint of a type.
@@ -136,5 +223,56 @@ mod tests {
         assert_eq!(r.0, "127.0.0.1:7000#n0#42");
         assert_eq!(region_addr(&r), "127.0.0.1:7000");
         assert_eq!(region_node(&r), Some(n));
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Deposit {
+        amount: u64,
+    }
+
+    fn round_trip(w: &PeerWire<Deposit>) -> PeerWire<Deposit> {
+        let bytes = rmp_serde::to_vec_named(w).unwrap();
+        rmp_serde::from_slice(&bytes).unwrap()
+    }
+
+    /// Region messages travel as compact arrays around a payload that keeps its named fields.
+    #[test]
+    fn region_messages_round_trip_compactly() {
+        let from = RegionId("127.0.0.1:1#a#7".into());
+        let deliver = PeerWire {
+            from: from.clone(),
+            msg: PeerMsg::Deliver(Envelope {
+                entity_id: "alice".into(),
+                shard: 42,
+                hops: 1,
+                payload: Deposit { amount: 50 },
+            }),
+        };
+        let bytes = rmp_serde::to_vec_named(&deliver).unwrap();
+        assert!(
+            !bytes.windows(9).any(|w| w == b"entity_id"),
+            "envelope fields are not named"
+        );
+        assert!(
+            bytes.windows(6).any(|w| w == b"amount"),
+            "payload fields are"
+        );
+        let back = round_trip(&deliver);
+        assert_eq!(back.from, from);
+        assert_eq!(back.msg, deliver.msg);
+        let id = HandOffId { epoch: 3, seq: 9 };
+        let fence = PeerWire {
+            from,
+            msg: PeerMsg::Fence { id, shard: 5 },
+        };
+        assert_eq!(round_trip(&fence).msg, fence.msg);
+    }
+
+    #[test]
+    fn an_unknown_kind_or_a_short_message_is_an_error() {
+        let bad_kind = rmp_serde::to_vec(&("r", 9u8, 1u32)).unwrap();
+        assert!(rmp_serde::from_slice::<PeerWire<Deposit>>(&bad_kind).is_err());
+        let short = rmp_serde::to_vec(&("r", 0u8, "alice")).unwrap();
+        assert!(rmp_serde::from_slice::<PeerWire<Deposit>>(&short).is_err());
     }
 }

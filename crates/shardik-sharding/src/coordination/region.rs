@@ -301,6 +301,12 @@ impl<M> RegionState<M> {
             .collect()
     }
 
+    /// True if [`send_local`](Self::send_local) would take a message for `shard` now (it is
+    /// hosted here and this region was not refused), without counting anything.
+    pub fn is_local(&self, shard: ShardId) -> bool {
+        self.refused.is_none() && matches!(self.slots.get(&shard), Some(Slot::Local))
+    }
+
     /// Where a shard stands here.
     pub fn shard_view(&self, shard: ShardId) -> ShardView {
         match self.slots.get(&shard) {
