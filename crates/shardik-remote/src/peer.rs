@@ -236,10 +236,12 @@ impl Peer {
     /// association makes both of its connections). True if started.
     pub(crate) fn try_start_dial(&self, lane: Lane) -> bool {
         let mut st = self.state.lock();
+        // A connection being closed (`disconnect`) does not count: closing both must not
+        // re-make one at once.
         let other_outbound = st.lanes[lane.other().index()]
             .conn
             .as_ref()
-            .is_some_and(|c| c.info.outbound);
+            .is_some_and(|c| c.info.outbound && !c.cancel.is_cancelled());
         let l = st.lane(lane);
         if l.conn.is_none()
             && l.dialing == 0
