@@ -57,6 +57,7 @@ mod dead_letters;
 mod dispatcher;
 mod error;
 mod mailbox;
+mod payload;
 mod props;
 mod reply;
 mod supervision;

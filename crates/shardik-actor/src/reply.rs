@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokio::sync::oneshot;
 
-use crate::wire::{self, WireReplyAddr};
+use crate::wire::{self, PayloadFormat, WireReplyAddr};
 
 /// A one-shot reply channel carried inside a request message, like `reply_to` in Akka or
 /// Casty. [`ActorRef::ask`](crate::ActorRef::ask) creates one and hands it to the message
@@ -102,19 +102,21 @@ where
 {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         const TWICE: &str = "this ReplyTo was already serialized once; a reply channel is one-shot";
-        fn decode<R: DeserializeOwned>(bytes: &[u8]) -> Result<R, String> {
-            rmp_serde::from_slice(bytes).map_err(|e| {
+        fn decode<R: DeserializeOwned>(format: &PayloadFormat, bytes: &[u8]) -> Result<R, String> {
+            format.decode(bytes).map_err(|e| {
                 format!(
                     "reply of type {} failed to decode: {e}",
                     std::any::type_name::<R>()
                 )
             })
         }
+        // The answer comes back in the format of the transport that carries the request.
+        let format = wire::current_payload_format();
         let deliver: wire::ReplyDeliver = match &self.inner {
             Inner::Local(slot) => {
                 let tx = slot.lock().take().ok_or(serde::ser::Error::custom(TWICE))?;
                 Box::new(move |bytes: &[u8]| {
-                    let _ = tx.send(decode::<R>(bytes)?);
+                    let _ = tx.send(decode::<R>(&format, bytes)?);
                     Ok(())
                 })
             }
@@ -122,7 +124,7 @@ where
             Inner::Remote(slot) => {
                 let f = slot.lock().take().ok_or(serde::ser::Error::custom(TWICE))?;
                 Box::new(move |bytes: &[u8]| {
-                    f(decode::<R>(bytes)?);
+                    f(decode::<R>(&format, bytes)?);
                     Ok(())
                 })
             }
@@ -139,15 +141,16 @@ where
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let addr = WireReplyAddr::deserialize(deserializer)?;
         let sink = wire::import_reply(addr).map_err(serde::de::Error::custom)?;
-        Ok(ReplyTo::from_fn(
-            move |value: R| match rmp_serde::to_vec_named(&value) {
+        let format = wire::current_payload_format();
+        Ok(ReplyTo::from_fn(move |value: R| {
+            match format.encode(&value) {
                 Ok(bytes) => sink(bytes),
                 Err(e) => tracing::error!(
                     error = %e,
                     reply_type = std::any::type_name::<R>(),
                     "failed to encode a reply for a remote asker; the asker will time out"
                 ),
-            },
-        ))
+            }
+        }))
     }
 }

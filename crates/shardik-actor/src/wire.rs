@@ -4,7 +4,8 @@
 //! that waits for the answer and a number that identifies the waiting slot there. A transport
 //! (such as `shardik-remote`) installs a [`WireContext`] around encoding and decoding with
 //! [`with_wire_context`]; the context registers local slots and ships encoded replies to
-//! remote ones. Replies are encoded with MessagePack (named fields).
+//! remote ones. Replies are encoded in the context's [`PayloadFormat`] (by default MessagePack
+//! with named fields).
 //!
 //! ```
 //! use std::collections::HashMap;
@@ -47,6 +48,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::payload::{PayloadCodec, PayloadFormat, Visit};
+/// The crate [`PayloadCodec`]s are written against.
+pub use erased_serde;
+
 /// Where a reply must be sent: the asking node and its slot number.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WireReplyAddr {
@@ -68,6 +73,11 @@ pub trait WireContext: Send + Sync + 'static {
     fn export_reply(&self, deliver: ReplyDeliver) -> Result<WireReplyAddr, String>;
     /// Returns a sink that sends encoded replies to `addr`.
     fn import_reply(self: Arc<Self>, addr: WireReplyAddr) -> Result<ReplySink, String>;
+    /// The format replies are encoded in (the transport's payload format). Defaults to
+    /// MessagePack with named fields.
+    fn payload_format(&self) -> PayloadFormat {
+        PayloadFormat::message_pack()
+    }
 }
 
 thread_local! {
@@ -103,4 +113,12 @@ pub(crate) fn export_reply(deliver: ReplyDeliver) -> Result<WireReplyAddr, Strin
 
 pub(crate) fn import_reply(addr: WireReplyAddr) -> Result<ReplySink, String> {
     current()?.import_reply(addr)
+}
+
+/// The payload format of the wire context installed on this thread (by
+/// [`with_wire_context`]), or the default format (MessagePack with named fields) if none is.
+pub fn current_payload_format() -> PayloadFormat {
+    CONTEXT
+        .with(|c| c.borrow().as_ref().map(|ctx| ctx.payload_format()))
+        .unwrap_or_default()
 }

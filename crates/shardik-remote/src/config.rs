@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use shardik_actor::wire::PayloadFormat;
+
 use crate::codec::DEFAULT_MAX_FRAME_LEN;
 use crate::fault::FaultInjector;
 use crate::tls::TlsConfig;
@@ -40,9 +42,10 @@ pub struct RemoteConfig {
     /// Capacity of the user lane toward one peer, in frames (default 100 000). When full, new
     /// messages are dropped (drop newest) and recorded as dead letters.
     pub outbound_queue: usize,
-    /// Capacity of the control lane toward one peer, in frames (default 1 024).
+    /// Capacity of the control lane toward one peer, in frames (default 1 024). When full,
+    /// new control messages are dropped like user ones.
     pub control_queue: usize,
-    /// Most user frames the writer encodes into one write (default 1 024).
+    /// Most user frames the user connection's writer encodes into one write (default 1 024).
     pub write_batch_frames: usize,
     /// Time allowed to connect and complete a handshake (default 5 s).
     pub handshake_timeout: Duration,
@@ -50,7 +53,7 @@ pub struct RemoteConfig {
     pub backoff_min: Duration,
     /// Largest reconnect delay (default 5 s).
     pub backoff_max: Duration,
-    /// Heartbeat period on the control lane (default 1 s).
+    /// Heartbeat period, on both connections of a node pair (default 1 s).
     pub heartbeat_interval: Duration,
     /// A connection that receives nothing (not even a heartbeat) for this long is closed
     /// (default 10 s).
@@ -67,6 +70,10 @@ pub struct RemoteConfig {
     pub tls: Option<TlsConfig>,
     /// Fault injection for tests (default none).
     pub faults: Option<FaultInjector>,
+    /// The serde format of message and reply payloads (default MessagePack with named
+    /// fields). Every node must use the same: the handshake refuses a peer whose format has
+    /// another name. Frame headers and the handshake keep their compact MessagePack form.
+    pub payload_format: PayloadFormat,
 }
 
 impl RemoteConfig {
@@ -92,6 +99,7 @@ impl RemoteConfig {
             socket_buffer: None,
             tls: None,
             faults: None,
+            payload_format: PayloadFormat::message_pack(),
         }
     }
 
@@ -157,6 +165,13 @@ impl RemoteConfig {
         self
     }
 
+    /// Sets the payload format (see [`RemoteConfig::payload_format`] and
+    /// [`JsonCodec`](crate::JsonCodec)).
+    pub fn payload_format(mut self, format: PayloadFormat) -> Self {
+        self.payload_format = format;
+        self
+    }
+
     /// Installs a fault injector (tests).
     pub fn faults(mut self, faults: FaultInjector) -> Self {
         self.faults = Some(faults);
@@ -175,6 +190,9 @@ impl RemoteConfig {
         }
         if self.backoff_min.is_zero() || self.backoff_max < self.backoff_min {
             return Err("backoff_min must be positive and at most backoff_max".into());
+        }
+        if self.payload_format.name().is_empty() {
+            return Err("the payload format's name must not be empty".into());
         }
         if self.heartbeat_interval.is_zero() || self.idle_timeout <= self.heartbeat_interval {
             return Err("idle_timeout must exceed a positive heartbeat_interval".into());

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::FrameError;
 
 /// The protocol version this build speaks. A peer with another version is refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 const KIND_HELLO: u8 = 1;
 const KIND_CHALLENGE: u8 = 2;
@@ -47,6 +47,50 @@ pub struct NodeIdentity {
     pub addr: String,
 }
 
+/// Which of the two connections of a node pair a connection is.
+///
+/// Every node pair keeps two TCP connections (as Akka Artery does): the **control**
+/// connection carries heartbeats and the messages sent with
+/// [`RemoteRef::tell_control`](crate::RemoteRef::tell_control) (cluster gossip and failure
+/// detection), the **user** connection carries every other message and all replies. Each has
+/// its own queue, writer and reader, so user bytes never sit in front of control frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Lane {
+    /// Heartbeats and control messages.
+    Control,
+    /// User messages and replies.
+    User,
+}
+
+impl Lane {
+    /// Both lanes, control first.
+    pub const ALL: [Lane; 2] = [Lane::Control, Lane::User];
+
+    /// 0 for control, 1 for user: an index into per-lane arrays.
+    pub fn index(self) -> usize {
+        match self {
+            Lane::Control => 0,
+            Lane::User => 1,
+        }
+    }
+
+    /// The other lane.
+    pub fn other(self) -> Lane {
+        match self {
+            Lane::Control => Lane::User,
+            Lane::User => Lane::Control,
+        }
+    }
+
+    /// A stable label for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Control => "control",
+            Lane::User => "user",
+        }
+    }
+}
+
 /// First frame of a connection, sent by the side that connected.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -58,6 +102,13 @@ pub struct Hello {
     pub from: NodeIdentity,
     /// Random challenge for the accepting node.
     pub nonce: [u8; 32],
+    /// Which connection of the node pair this is.
+    pub lane: Lane,
+    /// Name of the connecting node's payload format ([`PayloadFormat`]); both nodes must
+    /// use the same.
+    ///
+    /// [`PayloadFormat`]: shardik_actor::wire::PayloadFormat
+    pub payload_format: String,
 }
 
 /// The accepting node's answer to [`Hello`]: its identity, its own challenge and its proof
@@ -74,6 +125,8 @@ pub struct Challenge {
     pub nonce: [u8; 32],
     /// HMAC-SHA256 proof of the accepting node (see `docs/remoting.md`).
     pub proof: [u8; 32],
+    /// Name of the accepting node's payload format.
+    pub payload_format: String,
 }
 
 /// The connecting node's proof that it knows the shared secret.
@@ -102,6 +155,8 @@ pub enum RejectReason {
     ShuttingDown,
     /// The peer broke the handshake protocol.
     Protocol,
+    /// The nodes encode message payloads in different formats.
+    PayloadFormat,
 }
 
 impl RejectReason {
@@ -114,6 +169,7 @@ impl RejectReason {
             RejectReason::Duplicate => "duplicate connection",
             RejectReason::ShuttingDown => "shutting down",
             RejectReason::Protocol => "protocol violation",
+            RejectReason::PayloadFormat => "payload format mismatch",
         }
     }
 }
@@ -210,9 +266,9 @@ pub enum Frame {
     Accept(Accept),
     /// Handshake refused (either side).
     Reject(Reject),
-    /// Liveness probe on the control lane.
+    /// Liveness probe, sent on both connections of a node pair.
     Heartbeat(u64),
-    /// Answer to a heartbeat.
+    /// Answer to a heartbeat, on the connection the heartbeat came in on.
     HeartbeatAck(u64),
     /// A user message.
     Message(Envelope),
@@ -236,7 +292,9 @@ pub enum Frame {
 }
 
 impl Frame {
-    /// True for frames that travel on the control lane (handshake, heartbeats).
+    /// True for the transport's own frames (handshake, heartbeats), false for messages and
+    /// replies (a message sent with `tell_control` is still a message; see [`Lane`] for which
+    /// connection carries what).
     pub fn is_control(&self) -> bool {
         !matches!(
             self,
@@ -408,6 +466,8 @@ pub(crate) mod tests {
                 cluster: "c".into(),
                 from: id.clone(),
                 nonce: [7; 32],
+                lane: Lane::Control,
+                payload_format: "msgpack-named".into(),
             }),
             Frame::Challenge(Challenge {
                 version: PROTOCOL_VERSION,
@@ -415,6 +475,7 @@ pub(crate) mod tests {
                 from: id,
                 nonce: [1; 32],
                 proof: [2; 32],
+                payload_format: "json".into(),
             }),
             Frame::Response(Response { proof: [3; 32] }),
             Frame::Accept(Accept {}),

@@ -1,16 +1,18 @@
 //! The handshake: version, cluster name, identities and a shared-secret challenge-response.
 //!
 //! ```text
-//! connector                                   acceptor
-//!   Hello {version, cluster, id, nonce_c}  ->
-//!                                          <-  Challenge {version, cluster, id, nonce_a, proof_a}
-//!   Response {proof_c}                     ->
-//!                                          <-  Accept | Reject
+//! connector                                          acceptor
+//!   Hello {version, cluster, id, nonce_c, lane, format} ->
+//!                                  <-  Challenge {version, cluster, id, nonce_a, proof_a, format}
+//!   Response {proof_c}                                  ->
+//!                                                   <-  Accept | Reject
 //! ```
 //!
-//! `proof_x = HMAC-SHA256(secret, role_x | cluster | connector id | acceptor id | nonce_c |
-//! nonce_a)` with a different role label per side, so a proof can never be reflected back, and
-//! both fresh nonces, so it can never be replayed. The secret itself is never sent. Each side
+//! `proof_x = HMAC-SHA256(secret, role_x | cluster | lane | connector id | acceptor id |
+//! nonce_c | nonce_a)` with a different role label per side, so a proof can never be reflected
+//! back, and both fresh nonces, so it can never be replayed. Both connections of a node pair
+//! (the control and the user [`Lane`]) run the same handshake; the lane is part of the proofs.
+//! Nodes whose payload formats differ refuse each other like nodes of different clusters. The secret itself is never sent. Each side
 //! checks the other's proof in constant time. Either side refuses with [`Reject`] and a
 //! reason, logs it at `error` (`warn` for a duplicate connection) and closes; no user frame is
 //! read before [`Accept`].
@@ -28,7 +30,9 @@ use tokio_util::codec::FramedRead;
 
 use crate::codec::{encode_frame, BodyCodec};
 use crate::error::{FrameError, HandshakeError};
-use crate::frame::{Accept, Challenge, Frame, Hello, NodeIdentity, Reject, RejectReason, Response};
+use crate::frame::{
+    Accept, Challenge, Frame, Hello, Lane, NodeIdentity, Reject, RejectReason, Response,
+};
 
 const ROLE_CONNECTOR: &[u8] = b"shardik-remote/v1/connector";
 const ROLE_ACCEPTOR: &[u8] = b"shardik-remote/v1/acceptor";
@@ -42,6 +46,8 @@ pub(crate) struct Local {
     pub secret: std::sync::Arc<[u8]>,
     pub timeout: Duration,
     pub max_frame_len: usize,
+    /// Name of this node's payload format.
+    pub payload_format: String,
 }
 
 impl Local {
@@ -58,77 +64,62 @@ impl Local {
             secret: secret.into(),
             timeout: Duration::from_secs(5),
             max_frame_len: crate::codec::DEFAULT_MAX_FRAME_LEN,
+            payload_format: "msgpack-named".into(),
         }
     }
 }
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn mac(
-    secret: &[u8],
-    role: &[u8],
-    cluster: &str,
-    connector: &NodeIdentity,
-    acceptor: &NodeIdentity,
-    nonce_c: &[u8; 32],
-    nonce_a: &[u8; 32],
-) -> HmacSha256 {
+/// What a proof covers besides the secret and the role.
+#[derive(Clone, Copy)]
+pub(crate) struct Transcript<'a> {
+    pub cluster: &'a str,
+    pub lane: Lane,
+    pub connector: &'a NodeIdentity,
+    pub acceptor: &'a NodeIdentity,
+    pub nonce_c: &'a [u8; 32],
+    pub nonce_a: &'a [u8; 32],
+}
+
+fn mac(secret: &[u8], role: &[u8], t: Transcript<'_>) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC accepts keys of any length");
     let mut field = |b: &[u8]| {
         m.update(&(b.len() as u64).to_be_bytes());
         m.update(b);
     };
     field(role);
-    field(cluster.as_bytes());
-    for id in [connector, acceptor] {
+    field(t.cluster.as_bytes());
+    field(t.lane.as_str().as_bytes());
+    for id in [t.connector, t.acceptor] {
         field(id.node_id.as_bytes());
         field(&id.incarnation.to_be_bytes());
         field(id.addr.as_bytes());
     }
-    field(nonce_c);
-    field(nonce_a);
+    field(t.nonce_c);
+    field(t.nonce_a);
     m
 }
 
-/// Computes the proof of one side.
-pub(crate) fn proof(
-    secret: &[u8],
-    acceptor_role: bool,
-    cluster: &str,
-    connector: &NodeIdentity,
-    acceptor: &NodeIdentity,
-    nonce_c: &[u8; 32],
-    nonce_a: &[u8; 32],
-) -> [u8; 32] {
-    let role = if acceptor_role {
+fn role(acceptor_role: bool) -> &'static [u8] {
+    if acceptor_role {
         ROLE_ACCEPTOR
     } else {
         ROLE_CONNECTOR
-    };
-    mac(secret, role, cluster, connector, acceptor, nonce_c, nonce_a)
+    }
+}
+
+/// Computes the proof of one side.
+pub(crate) fn proof(secret: &[u8], acceptor_role: bool, t: Transcript<'_>) -> [u8; 32] {
+    mac(secret, role(acceptor_role), t)
         .finalize()
         .into_bytes()
         .into()
 }
 
 /// Checks a proof in constant time.
-#[allow(clippy::too_many_arguments)]
-fn verify(
-    secret: &[u8],
-    acceptor_role: bool,
-    cluster: &str,
-    connector: &NodeIdentity,
-    acceptor: &NodeIdentity,
-    nonce_c: &[u8; 32],
-    nonce_a: &[u8; 32],
-    given: &[u8; 32],
-) -> bool {
-    let role = if acceptor_role {
-        ROLE_ACCEPTOR
-    } else {
-        ROLE_CONNECTOR
-    };
-    mac(secret, role, cluster, connector, acceptor, nonce_c, nonce_a)
+fn verify(secret: &[u8], acceptor_role: bool, t: Transcript<'_>, given: &[u8; 32]) -> bool {
+    mac(secret, role(acceptor_role), t)
         .verify_slice(given)
         .is_ok()
 }
@@ -161,9 +152,15 @@ async fn recv<R: AsyncRead + Unpin>(
     }
 }
 
-/// What both sides must share before any secret is involved: the protocol version and the
-/// cluster name. `Err` carries the reason and the detail to send back and log.
-fn compatible(local: &Local, version: u32, cluster: &str) -> Result<(), (RejectReason, String)> {
+/// What both sides must share before any secret is involved: the protocol version, the
+/// cluster name and the payload format. `Err` carries the reason and the detail to send back
+/// and log.
+fn compatible(
+    local: &Local,
+    version: u32,
+    cluster: &str,
+    payload_format: &str,
+) -> Result<(), (RejectReason, String)> {
     if version != local.version {
         let detail = format!("peer speaks version {version}, we speak {}", local.version);
         return Err((RejectReason::Version, detail));
@@ -174,6 +171,14 @@ fn compatible(local: &Local, version: u32, cluster: &str) -> Result<(), (RejectR
             local.cluster
         );
         return Err((RejectReason::Cluster, detail));
+    }
+    if payload_format != local.payload_format {
+        let detail = format!(
+            "peer encodes payloads as {payload_format:?}, we encode them as {:?}; \
+             every node must use the same RemoteConfig::payload_format",
+            local.payload_format
+        );
+        return Err((RejectReason::PayloadFormat, detail));
     }
     Ok(())
 }
@@ -194,17 +199,18 @@ async fn refuse<W: AsyncWrite + Unpin>(
     HandshakeError::Refused { reason, detail }
 }
 
-/// Runs the connecting side. Returns the acceptor's identity.
+/// Runs the connecting side for a connection on `lane`. Returns the acceptor's identity.
 pub(crate) async fn connect<R, W>(
     r: &mut FramedRead<R, BodyCodec>,
     w: &mut W,
     local: &Local,
+    lane: Lane,
 ) -> Result<NodeIdentity, HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    match tokio::time::timeout(local.timeout, connect_inner(r, w, local)).await {
+    match tokio::time::timeout(local.timeout, connect_inner(r, w, local, lane)).await {
         Ok(res) => res,
         Err(_) => Err(HandshakeError::Timeout),
     }
@@ -214,6 +220,7 @@ async fn connect_inner<R, W>(
     r: &mut FramedRead<R, BodyCodec>,
     w: &mut W,
     local: &Local,
+    lane: Lane,
 ) -> Result<NodeIdentity, HandshakeError>
 where
     R: AsyncRead + Unpin,
@@ -225,6 +232,8 @@ where
         cluster: local.cluster.clone(),
         from: local.me.clone(),
         nonce: nonce_c,
+        lane,
+        payload_format: local.payload_format.clone(),
     });
     send(w, &hello, local.max_frame_len).await?;
     let ch = match recv(r).await? {
@@ -240,34 +249,25 @@ where
             return Err(refuse(w, local, RejectReason::Protocol, detail).await);
         }
     };
-    if let Err((reason, detail)) = compatible(local, ch.version, &ch.cluster) {
+    if let Err((reason, detail)) = compatible(local, ch.version, &ch.cluster, &ch.payload_format) {
         return Err(refuse(w, local, reason, detail).await);
     }
-    if !verify(
-        &local.secret,
-        true,
-        &local.cluster,
-        &local.me,
-        &ch.from,
-        &nonce_c,
-        &ch.nonce,
-        &ch.proof,
-    ) {
+    let transcript = Transcript {
+        cluster: &local.cluster,
+        lane,
+        connector: &local.me,
+        acceptor: &ch.from,
+        nonce_c: &nonce_c,
+        nonce_a: &ch.nonce,
+    };
+    if !verify(&local.secret, true, transcript, &ch.proof) {
         let detail = format!(
             "{} ({}) did not prove knowledge of the shared secret",
             ch.from.node_id, ch.from.addr
         );
         return Err(refuse(w, local, RejectReason::Authentication, detail).await);
     }
-    let my_proof = proof(
-        &local.secret,
-        false,
-        &local.cluster,
-        &local.me,
-        &ch.from,
-        &nonce_c,
-        &ch.nonce,
-    );
+    let my_proof = proof(&local.secret, false, transcript);
     send(
         w,
         &Frame::Response(Response { proof: my_proof }),
@@ -288,14 +288,15 @@ where
 }
 
 /// Runs the accepting side. `admit` is asked, after the peer has proven itself and before
-/// [`Accept`] is sent, whether this connection may be kept (simultaneous connects); it must
-/// install the connection if it says yes.
+/// [`Accept`] is sent, whether this connection (on the lane the peer named) may be kept
+/// (simultaneous connects); it must install the connection if it says yes. Returns the
+/// connector's identity and the lane.
 pub(crate) async fn accept<R, W>(
     r: &mut FramedRead<R, BodyCodec>,
     w: &mut W,
     local: &Local,
-    admit: impl FnOnce(&NodeIdentity) -> Result<(), RejectReason>,
-) -> Result<NodeIdentity, HandshakeError>
+    admit: impl FnOnce(&NodeIdentity, Lane) -> Result<(), RejectReason>,
+) -> Result<(NodeIdentity, Lane), HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -310,8 +311,8 @@ async fn accept_inner<R, W>(
     r: &mut FramedRead<R, BodyCodec>,
     w: &mut W,
     local: &Local,
-    admit: impl FnOnce(&NodeIdentity) -> Result<(), RejectReason>,
-) -> Result<NodeIdentity, HandshakeError>
+    admit: impl FnOnce(&NodeIdentity, Lane) -> Result<(), RejectReason>,
+) -> Result<(NodeIdentity, Lane), HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -323,25 +324,28 @@ where
             return Err(refuse(w, local, RejectReason::Protocol, detail).await);
         }
     };
-    if let Err((reason, detail)) = compatible(local, hello.version, &hello.cluster) {
+    if let Err((reason, detail)) =
+        compatible(local, hello.version, &hello.cluster, &hello.payload_format)
+    {
         return Err(refuse(w, local, reason, detail).await);
     }
     let nonce_a = nonce();
-    let my_proof = proof(
-        &local.secret,
-        true,
-        &local.cluster,
-        &hello.from,
-        &local.me,
-        &hello.nonce,
-        &nonce_a,
-    );
+    let transcript = Transcript {
+        cluster: &local.cluster,
+        lane: hello.lane,
+        connector: &hello.from,
+        acceptor: &local.me,
+        nonce_c: &hello.nonce,
+        nonce_a: &nonce_a,
+    };
+    let my_proof = proof(&local.secret, true, transcript);
     let challenge = Frame::Challenge(Challenge {
         version: local.version,
         cluster: local.cluster.clone(),
         from: local.me.clone(),
         nonce: nonce_a,
         proof: my_proof,
+        payload_format: local.payload_format.clone(),
     });
     send(w, &challenge, local.max_frame_len).await?;
     let resp = match recv(r).await? {
@@ -357,28 +361,19 @@ where
             return Err(refuse(w, local, RejectReason::Protocol, detail).await);
         }
     };
-    if !verify(
-        &local.secret,
-        false,
-        &local.cluster,
-        &hello.from,
-        &local.me,
-        &hello.nonce,
-        &nonce_a,
-        &resp.proof,
-    ) {
+    if !verify(&local.secret, false, transcript, &resp.proof) {
         let detail = format!(
             "{} ({}) did not prove knowledge of the shared secret",
             hello.from.node_id, hello.from.addr
         );
         return Err(refuse(w, local, RejectReason::Authentication, detail).await);
     }
-    if let Err(reason) = admit(&hello.from) {
+    if let Err(reason) = admit(&hello.from, hello.lane) {
         let detail = format!("not admitting {} ({})", hello.from.node_id, hello.from.addr);
         return Err(refuse(w, local, reason, detail).await);
     }
     send(w, &Frame::Accept(Accept {}), local.max_frame_len).await?;
-    Ok(hello.from)
+    Ok((hello.from, hello.lane))
 }
 
 fn kind_name(f: &Frame) -> &'static str {
@@ -405,7 +400,7 @@ mod tests {
         a: Local,
     ) -> (
         Result<NodeIdentity, HandshakeError>,
-        Result<NodeIdentity, HandshakeError>,
+        Result<(NodeIdentity, Lane), HandshakeError>,
     ) {
         let (cs, as_) = tokio::io::duplex(4096);
         let (cr, mut cw) = tokio::io::split(cs);
@@ -413,8 +408,8 @@ mod tests {
         let mut cr = FramedRead::new(cr, BodyCodec::default());
         let mut ar = FramedRead::new(ar, BodyCodec::default());
         tokio::join!(
-            connect(&mut cr, &mut cw, &c),
-            accept(&mut ar, &mut aw, &a, |_| Ok(()))
+            connect(&mut cr, &mut cw, &c, Lane::User),
+            accept(&mut ar, &mut aw, &a, |_, _| Ok(()))
         )
     }
 
@@ -426,7 +421,19 @@ mod tests {
         )
         .await;
         assert_eq!(c.unwrap().node_id, "a");
-        assert_eq!(a.unwrap().node_id, "c");
+        let (a, lane) = a.unwrap();
+        assert_eq!((a.node_id.as_str(), lane), ("c", Lane::User));
+    }
+
+    #[tokio::test]
+    async fn different_payload_formats_are_refused_on_both_sides() {
+        let mut json = Local::for_test("c", "k", b"s");
+        json.payload_format = "json".into();
+        let (c, a) = run(json, Local::for_test("a", "k", b"s")).await;
+        let c = c.unwrap_err();
+        assert_eq!(c.reason(), Some(RejectReason::PayloadFormat));
+        assert!(c.to_string().contains("\"json\""), "{c}");
+        assert_eq!(a.unwrap_err().reason(), Some(RejectReason::PayloadFormat));
     }
 
     #[tokio::test]
@@ -467,22 +474,39 @@ mod tests {
         let c = Local::for_test("c", "k", b"s");
         let a = Local::for_test("a", "k", b"s");
         let (c, a) = tokio::join!(
-            connect(&mut cr, &mut cw, &c),
-            accept(&mut ar, &mut aw, &a, |_| Err(RejectReason::Duplicate))
+            connect(&mut cr, &mut cw, &c, Lane::Control),
+            accept(&mut ar, &mut aw, &a, |_, _| Err(RejectReason::Duplicate))
         );
         assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Duplicate));
         assert_eq!(a.unwrap_err().reason(), Some(RejectReason::Duplicate));
     }
 
     #[test]
-    fn proofs_depend_on_role_secret_and_nonces() {
+    fn proofs_depend_on_role_secret_lane_and_nonces() {
         let c = Local::for_test("c", "k", b"s").me;
         let a = Local::for_test("a", "k", b"s").me;
-        let p = proof(b"s", true, "k", &c, &a, &[1; 32], &[2; 32]);
-        assert_ne!(p, proof(b"s", false, "k", &c, &a, &[1; 32], &[2; 32]));
-        assert_ne!(p, proof(b"t", true, "k", &c, &a, &[1; 32], &[2; 32]));
-        assert_ne!(p, proof(b"s", true, "k", &c, &a, &[1; 32], &[3; 32]));
-        assert!(verify(b"s", true, "k", &c, &a, &[1; 32], &[2; 32], &p));
+        let t = Transcript {
+            cluster: "k",
+            lane: Lane::User,
+            connector: &c,
+            acceptor: &a,
+            nonce_c: &[1; 32],
+            nonce_a: &[2; 32],
+        };
+        let p = proof(b"s", true, t);
+        assert_ne!(p, proof(b"s", false, t));
+        assert_ne!(p, proof(b"t", true, t));
+        let control = Transcript {
+            lane: Lane::Control,
+            ..t
+        };
+        assert_ne!(p, proof(b"s", true, control));
+        let other_nonce = Transcript {
+            nonce_a: &[3; 32],
+            ..t
+        };
+        assert_ne!(p, proof(b"s", true, other_nonce));
+        assert!(verify(b"s", true, t, &p));
     }
 
     #[tokio::test]
@@ -493,7 +517,7 @@ mod tests {
         let mut c = Local::for_test("c", "k", b"s");
         c.timeout = Duration::from_millis(50);
         assert!(matches!(
-            connect(&mut cr, &mut cw, &c).await,
+            connect(&mut cr, &mut cw, &c, Lane::User).await,
             Err(HandshakeError::Timeout)
         ));
     }

@@ -1,9 +1,10 @@
 //! # shardik-remote
 //!
-//! Remoting for shardik: actors on different nodes talk over one TCP connection per node
-//! pair, with length-prefixed MessagePack frames, a writer that batches many frames per write,
-//! a control lane that user traffic cannot starve, an authenticated handshake, reconnects with
-//! exponential backoff and bounded queues.
+//! Remoting for shardik: actors on different nodes talk over two TCP connections per node
+//! pair, a control connection (heartbeats, cluster gossip) that user traffic cannot starve and
+//! a user connection, with length-prefixed frames, a writer that batches many frames per
+//! write, an authenticated handshake, reconnects with exponential backoff, bounded queues and
+//! a pluggable payload format (MessagePack with named fields by default, or JSON).
 //!
 //! ```
 //! use std::time::Duration;
@@ -53,6 +54,7 @@
 //! - [`RemoteConfig`], [`Remote`]: start a node, register actors, look remote ones up.
 //! - [`RemoteRef`]: `tell` and `ask` to a remote actor, like [`shardik_actor::ActorRef`].
 //! - [`FaultInjector`]: cut, delay and heal links between named nodes in tests.
+//! - [`PayloadFormat`], [`PayloadCodec`], [`JsonCodec`]: the serde format of payloads.
 //!
 //! See `docs/remoting.md` for what is secure and what is not, the overflow policy and limits.
 #![warn(missing_docs)]
@@ -64,6 +66,7 @@ mod error;
 mod fault;
 pub mod frame;
 mod handshake;
+mod json;
 mod node;
 mod peer;
 mod queue;
@@ -77,10 +80,13 @@ mod tls;
 pub use config::RemoteConfig;
 pub use error::{DecodeError, FrameError, HandshakeError, RemoteError};
 pub use fault::FaultInjector;
-pub use frame::{NodeIdentity, RejectReason};
+pub use frame::{Lane, NodeIdentity, RejectReason};
+pub use json::JsonCodec;
 pub use peer::ConnectionInfo;
-pub use registry::Decoder;
+pub use registry::{decode_payload, Decoder};
 pub use remote::Remote;
 pub use remote_ref::{Refused, RemoteRef, SendError};
+/// The payload format seam, re-exported from [`shardik_actor::wire`].
+pub use shardik_actor::wire::{PayloadCodec, PayloadFormat, Visit};
 pub use stats::{RemoteEvent, RemoteStats};
 pub use tls::TlsConfig;

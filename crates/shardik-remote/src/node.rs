@@ -21,9 +21,9 @@ use tokio_util::task::TaskTracker;
 use crate::codec::{encode_frame, BodyCodec};
 use crate::config::RemoteConfig;
 use crate::error::{DecodeError, HandshakeError, RemoteError};
-use crate::frame::{Envelope, Frame, HeaderCache, NodeIdentity, RejectReason, ReplyFailure};
+use crate::frame::{Envelope, Frame, HeaderCache, Lane, NodeIdentity, RejectReason, ReplyFailure};
 use crate::handshake::{self, Local};
-use crate::peer::{ConnSlot, ConnectionInfo, Peer, Restarted};
+use crate::peer::{ConnSlot, ConnectionInfo, Installed, Peer, Restarted};
 use crate::registry::{LookupCache, Registry};
 use crate::replies::{self, Replies};
 use crate::stats::{should_log, Counters, RemoteEvent};
@@ -92,7 +92,7 @@ impl Node {
         let _ = self.events.send(e);
     }
 
-    /// The peer at `addr`, created (with its dialer task) on first use.
+    /// The peer at `addr`, created (with a dialer task per lane) on first use.
     pub(crate) fn peer(&self, addr: &str) -> Arc<Peer> {
         if let Some(p) = self.peers.lock().get(addr) {
             return p.clone();
@@ -105,7 +105,10 @@ impl Node {
         let peer = Peer::new(&node, addr.into());
         peers.insert(peer.addr.clone(), peer.clone());
         drop(peers);
-        self.tasks.spawn(dial_loop(node, peer.clone()));
+        for lane in Lane::ALL {
+            self.tasks
+                .spawn(dial_loop(node.clone(), peer.clone(), lane));
+        }
         peer
     }
 
@@ -127,13 +130,8 @@ impl Node {
         )
     }
 
-    fn connection_up(
-        &self,
-        peer: &Peer,
-        remote: &NodeIdentity,
-        restarted: Option<Restarted>,
-        outbound: bool,
-    ) {
+    fn connection_up(&self, peer: &Peer, info: &ConnectionInfo, installed: Installed) {
+        let (remote, outbound, lane) = (&info.peer, info.outbound, info.lane);
         self.counters.bump(
             &self.counters.connections_established,
             "shardik_remote_connections_established_total",
@@ -144,9 +142,11 @@ impl Node {
             peer_addr = %peer.addr,
             incarnation = remote.incarnation,
             outbound,
+            lane = lane.as_str(),
+            first = installed.first,
             "connected"
         );
-        if let Some(Restarted { old, cutoff }) = restarted {
+        if let Some(Restarted { old, cutoff }) = installed.restarted {
             tracing::info!(
                 peer = %remote.node_id,
                 peer_addr = %peer.addr,
@@ -167,6 +167,7 @@ impl Node {
             node_id: remote.node_id.clone(),
             incarnation: remote.incarnation,
             outbound,
+            lane,
         });
     }
 
@@ -210,10 +211,12 @@ impl Node {
         });
     }
 
-    /// Dials `peer`, runs the handshake and starts the connection's tasks.
+    /// Dials `peer` for its `lane` connection, runs the handshake and starts the
+    /// connection's tasks.
     pub(crate) async fn dial_once(
         self: &Arc<Self>,
         peer: &Arc<Peer>,
+        lane: Lane,
     ) -> Result<NodeIdentity, RemoteError> {
         let connect = connect_tcp(&peer.addr, self.cfg.socket_buffer);
         let stream = match tokio::time::timeout(self.cfg.handshake_timeout, connect).await {
@@ -244,7 +247,8 @@ impl Node {
         match &self.cfg.tls {
             None => {
                 let (r, w) = stream.into_split();
-                self.outbound_on(peer, r, w, local_sa, remote_sa).await
+                self.outbound_on(peer, lane, r, w, (local_sa, remote_sa))
+                    .await
             }
             Some(tls) => {
                 let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
@@ -264,7 +268,8 @@ impl Node {
                         }
                     };
                 let (r, w) = tokio::io::split(tls_stream);
-                self.outbound_on(peer, r, w, local_sa, remote_sa).await
+                self.outbound_on(peer, lane, r, w, (local_sa, remote_sa))
+                    .await
             }
         }
     }
@@ -273,17 +278,17 @@ impl Node {
     async fn outbound_on<R, W>(
         self: &Arc<Self>,
         peer: &Arc<Peer>,
+        lane: Lane,
         r: R,
         mut w: W,
-        local_sa: std::net::SocketAddr,
-        remote_sa: std::net::SocketAddr,
+        (local_sa, remote_sa): (std::net::SocketAddr, std::net::SocketAddr),
     ) -> Result<NodeIdentity, RemoteError>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let mut reader = FramedRead::new(r, BodyCodec::new(self.cfg.max_frame_len));
-        let remote = match handshake::connect(&mut reader, &mut w, &self.local).await {
+        let remote = match handshake::connect(&mut reader, &mut w, &self.local, lane).await {
             Ok(remote) => remote,
             Err(e) => {
                 self.handshake_failed(&peer.addr, &e);
@@ -302,19 +307,20 @@ impl Node {
             remote: remote_sa,
             peer: remote.clone(),
             outbound: true,
+            lane,
         };
-        let (id, slot, cancel) = self.conn_slot(info);
-        let restarted = peer.install(slot);
-        self.connection_up(peer, &remote, restarted, true);
-        self.tasks.spawn(run_connection(
-            self.clone(),
-            peer.clone(),
+        let (id, slot, cancel) = self.conn_slot(info.clone());
+        let installed = peer.install(slot);
+        self.connection_up(peer, &info, installed);
+        let conn = Conn {
+            peer: peer.clone(),
+            lane,
             id,
-            reader,
-            w,
-            remote.clone(),
+            remote: remote.clone(),
             cancel,
-        ));
+        };
+        self.tasks
+            .spawn(run_connection(self.clone(), conn, reader, w));
         Ok(remote)
     }
 
@@ -369,31 +375,40 @@ impl Node {
     {
         let mut reader = FramedRead::new(r, BodyCodec::new(self.cfg.max_frame_len));
         let mut admitted = None;
-        let res = handshake::accept(&mut reader, &mut w, &self.local, |remote| {
+        let res = handshake::accept(&mut reader, &mut w, &self.local, |remote, lane| {
             let peer = self.peer(&remote.addr);
             let info = ConnectionInfo {
                 local: local_sa,
                 remote: remote_sa,
                 peer: remote.clone(),
                 outbound: false,
+                lane,
             };
-            let (id, slot, cancel) = self.conn_slot(info);
-            let restarted = peer.admit_inbound(&self.local.me, slot)?;
-            admitted = Some((peer, id, cancel, restarted));
+            let (id, slot, cancel) = self.conn_slot(info.clone());
+            let installed = peer.admit_inbound(&self.local.me, slot)?;
+            admitted = Some((peer, id, cancel, info, installed));
             Ok(())
         })
         .await;
         drop(permit);
         match res {
-            Ok(remote) => {
-                let (peer, id, cancel, restarted) = admitted.expect("admitted before accept");
-                self.connection_up(&peer, &remote, restarted, false);
-                run_connection(self.clone(), peer, id, reader, w, remote, cancel).await;
+            Ok((remote, lane)) => {
+                let (peer, id, cancel, info, installed) = admitted.expect("admitted before accept");
+                self.connection_up(&peer, &info, installed);
+                let conn = Conn {
+                    peer,
+                    lane,
+                    id,
+                    remote,
+                    cancel,
+                };
+                run_connection(self.clone(), conn, reader, w).await;
             }
             Err(e) => {
-                if let Some((peer, id, cancel, _)) = admitted {
+                if let Some((peer, id, cancel, info, _)) = admitted {
                     cancel.cancel();
-                    peer.connection_ended(id);
+                    // Never reported as connected, so not as disconnected either.
+                    peer.connection_ended(info.lane, id);
                 }
                 self.handshake_failed(&remote_sa.to_string(), &e);
             }
@@ -473,11 +488,12 @@ impl Node {
         }
     }
 
-    /// Handles one frame of an established connection. `lookups` is the connection's
-    /// recipient lookup cache. False ends the connection.
+    /// Handles one frame that arrived on the `lane` connection. `lookups` is the
+    /// connection's recipient lookup cache. False ends the connection.
     pub(crate) fn handle_frame(
         self: &Arc<Self>,
         peer: &Peer,
+        lane: Lane,
         remote_id: &str,
         frame: Frame,
         lookups: &mut LookupCache,
@@ -513,9 +529,12 @@ impl Node {
                 failure,
                 reason,
             } => self.replies.fail(&ids, failure, &reason),
-            Frame::Heartbeat(n) => peer.send_control(Frame::HeartbeatAck(n)),
+            Frame::Heartbeat(n) => peer.send_heartbeat_ack(lane, n),
             Frame::HeartbeatAck(seq) => {
-                if let Some(rtt) = peer.heartbeat_acked(seq) {
+                let rtt = peer.heartbeat_acked(lane, seq);
+                // The user connection's heartbeats only keep it from idling out; only the
+                // control connection's round trips are reported.
+                if let Some(rtt) = rtt.filter(|_| lane == Lane::Control) {
                     let us = rtt.as_micros().min(u64::MAX as u128) as u64;
                     let c = &self.counters;
                     c.heartbeats_acked.fetch_add(1, Ordering::Relaxed);
@@ -571,18 +590,19 @@ async fn sleep_or_shutdown(node: &Node, d: Duration) -> bool {
     }
 }
 
-/// Keeps one peer connected while it has something to send: dials, and on failure retries
-/// after an exponentially growing delay (`backoff_min` doubling up to `backoff_max`).
-async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>) {
+/// Keeps one lane of a peer connected while it has something to send (or while this node
+/// holds the outbound connection of the other lane): dials, and on failure retries after an
+/// exponentially growing delay (`backoff_min` doubling up to `backoff_max`).
+async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
     let mut backoff = node.cfg.backoff_min;
     let mut failures = 0u64;
     loop {
         loop {
-            let woken = peer.wake.notified();
+            let woken = peer.link(lane).wake.notified();
             if node.shutdown.is_cancelled() {
                 return;
             }
-            if peer.try_start_dial() {
+            if peer.try_start_dial(lane) {
                 break;
             }
             tokio::select! {
@@ -591,10 +611,10 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>) {
             }
         }
         let res = tokio::select! {
-            _ = node.shutdown.cancelled() => { peer.end_dial(); return }
-            r = node.dial_once(&peer) => r,
+            _ = node.shutdown.cancelled() => { peer.end_dial(lane); return }
+            r = node.dial_once(&peer, lane) => r,
         };
-        peer.end_dial();
+        peer.end_dial(lane);
         match res {
             Ok(_) => {
                 backoff = node.cfg.backoff_min;
@@ -606,13 +626,17 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>) {
                     tracing::warn!(
                         node = %node.local.me.node_id,
                         peer_addr = %peer.addr,
+                        lane = lane.as_str(),
                         attempt = failures,
                         retry_in = ?backoff,
                         "cannot reach peer: {e}"
                     );
                 }
-                if !sleep_or_shutdown(&node, backoff).await {
-                    return;
+                // The other lane connecting means the peer is back: retry at once.
+                tokio::select! {
+                    _ = node.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = peer.link(lane).other_up.notified() => {}
                 }
                 backoff = (backoff * 2).min(node.cfg.backoff_max);
             }
@@ -671,22 +695,37 @@ pub(crate) async fn reply_sweeper(
     }
 }
 
+/// An established connection: which peer and lane, its id there, who is on the other end,
+/// and the token that ends its tasks.
+struct Conn {
+    peer: Arc<Peer>,
+    lane: Lane,
+    id: u64,
+    remote: NodeIdentity,
+    cancel: CancellationToken,
+}
+
 /// Runs an established connection: a writer task, a heartbeat task, and the reader here.
 async fn run_connection<R, W>(
     node: Arc<Node>,
-    peer: Arc<Peer>,
-    id: u64,
+    conn: Conn,
     mut reader: FramedRead<R, BodyCodec>,
     writer: W,
-    remote: NodeIdentity,
-    cancel: CancellationToken,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    let Conn {
+        peer,
+        lane,
+        id,
+        remote,
+        cancel,
+    } = conn;
     node.tasks.spawn(write_loop(
         node.clone(),
         peer.clone(),
+        lane,
         writer,
         remote.node_id.clone(),
         cancel.clone(),
@@ -694,6 +733,7 @@ async fn run_connection<R, W>(
     node.tasks.spawn(heartbeat_loop(
         node.cfg.heartbeat_interval,
         peer.clone(),
+        lane,
         cancel.clone(),
     ));
     let idle = node.cfg.idle_timeout;
@@ -717,7 +757,7 @@ async fn run_connection<R, W>(
                     idle_timer.as_mut().reset(due);
                     continue;
                 }
-                tracing::warn!(peer = %remote.node_id, peer_addr = %peer.addr, ?idle, "nothing received within the idle timeout; closing the connection");
+                tracing::warn!(peer = %remote.node_id, peer_addr = %peer.addr, lane = lane.as_str(), ?idle, "nothing received within the idle timeout; closing the connection");
                 break;
             }
             r = reader.next() => r,
@@ -729,7 +769,7 @@ async fn run_connection<R, W>(
         loop {
             let body = match next {
                 None => {
-                    tracing::debug!(peer = %remote.node_id, "connection closed by the peer");
+                    tracing::debug!(peer = %remote.node_id, lane = lane.as_str(), "connection closed by the peer");
                     break 'connection;
                 }
                 Some(Err(e)) => {
@@ -738,13 +778,13 @@ async fn run_connection<R, W>(
                             &node.counters.connections_rejected,
                             "shardik_remote_connections_rejected_total",
                         );
-                        tracing::error!(peer = %remote.node_id, peer_addr = %peer.addr, "closing the connection: {e}");
+                        tracing::error!(peer = %remote.node_id, peer_addr = %peer.addr, lane = lane.as_str(), "closing the connection: {e}");
                         node.event(RemoteEvent::ConnectionRejected {
                             addr: peer.addr.to_string(),
                             error: e.to_string(),
                         });
                     } else {
-                        tracing::debug!(peer = %remote.node_id, "connection failed: {e}");
+                        tracing::debug!(peer = %remote.node_id, lane = lane.as_str(), "connection failed: {e}");
                     }
                     break 'connection;
                 }
@@ -763,7 +803,7 @@ async fn run_connection<R, W>(
                         .is_some_and(|d| d.pending.load(Ordering::Acquire) > 0);
                     if delay.is_some() || held {
                         let d = delayer.get_or_insert_with(|| {
-                            Delayer::start(&node, &peer, &remote.node_id, &cancel)
+                            Delayer::start(&node, &peer, lane, &remote.node_id, &cancel)
                         });
                         d.pending.fetch_add(1, Ordering::AcqRel);
                         if delay.is_some() {
@@ -771,7 +811,8 @@ async fn run_connection<R, W>(
                         }
                         let due = tokio::time::Instant::now() + delay.unwrap_or_default();
                         let _ = d.tx.send((due, frame));
-                    } else if !node.handle_frame(&peer, &remote.node_id, frame, &mut lookups) {
+                    } else if !node.handle_frame(&peer, lane, &remote.node_id, frame, &mut lookups)
+                    {
                         break 'connection;
                     }
                 }
@@ -789,6 +830,11 @@ async fn run_connection<R, W>(
             if budget == 0 {
                 break;
             }
+            // Buffered frames are parsed without touching the socket, so without this a busy
+            // reader would handle thousands of them per turn and hold its worker thread for
+            // tens of milliseconds, in front of the control connection's tasks. It yields
+            // after each coop budget (128 units) instead.
+            tokio::task::coop::consume_budget().await;
             match reader.next().now_or_never() {
                 Some(n) => next = n,
                 None => break,
@@ -796,10 +842,16 @@ async fn run_connection<R, W>(
         }
     }
     cancel.cancel();
-    if peer.connection_ended(id) {
-        node.event(RemoteEvent::Disconnected {
+    if let Some(last) = peer.connection_ended(lane, id) {
+        node.event(RemoteEvent::ConnectionClosed {
             addr: peer.addr.to_string(),
+            lane,
         });
+        if last {
+            node.event(RemoteEvent::Disconnected {
+                addr: peer.addr.to_string(),
+            });
+        }
     }
 }
 
@@ -815,6 +867,7 @@ impl Delayer {
     fn start(
         node: &Arc<Node>,
         peer: &Arc<Peer>,
+        lane: Lane,
         remote_id: &str,
         cancel: &CancellationToken,
     ) -> Delayer {
@@ -841,7 +894,7 @@ impl Delayer {
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep_until(due) => {}
                 }
-                let keep = node2.handle_frame(&peer, &remote_id, frame, &mut lookups);
+                let keep = node2.handle_frame(&peer, lane, &remote_id, frame, &mut lookups);
                 left.fetch_sub(1, Ordering::AcqRel);
                 if !keep {
                     cancel.cancel();
@@ -853,7 +906,9 @@ impl Delayer {
     }
 }
 
-async fn heartbeat_loop(every: Duration, peer: Arc<Peer>, cancel: CancellationToken) {
+/// Sends a heartbeat on the `lane` connection every `every`: on the control connection to
+/// measure its round trip, on both so that neither idles out.
+async fn heartbeat_loop(every: Duration, peer: Arc<Peer>, lane: Lane, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = 0u64;
@@ -863,33 +918,38 @@ async fn heartbeat_loop(every: Duration, peer: Arc<Peer>, cancel: CancellationTo
             _ = tick.tick() => {}
         }
         seq += 1;
-        peer.send_heartbeat(seq);
+        peer.send_heartbeat(lane, seq);
     }
 }
 
-/// Drains the peer's queue, control lane first, encoding up to `write_batch_frames` user
-/// frames into one buffer per write call.
+/// Drains the `lane` queue of the peer, encoding up to `write_batch_frames` user frames (or
+/// every queued control frame) into one buffer per write call.
 async fn write_loop<W: AsyncWrite + Unpin>(
     node: Arc<Node>,
     peer: Arc<Peer>,
+    lane: Lane,
     mut writer: W,
     remote_id: String,
     cancel: CancellationToken,
 ) {
-    let batch = node.cfg.write_batch_frames;
+    let batch = match lane {
+        Lane::User => node.cfg.write_batch_frames,
+        Lane::Control => node.cfg.control_queue,
+    };
+    let queue = &peer.link(lane).queue;
     let max = node.cfg.max_frame_len;
-    let mut frames = Vec::with_capacity(batch);
+    let mut frames = Vec::with_capacity(batch.min(4096));
     let mut buf = BytesMut::with_capacity(64 * 1024);
     loop {
         if cancel.is_cancelled() {
             break;
         }
         frames.clear();
-        if peer.queue.take_batch(&mut frames, batch) == 0 {
+        if queue.take_batch(&mut frames, batch) == 0 {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,
-                _ = peer.queue.ready.notified() => continue,
+                _ = queue.ready.notified() => continue,
             }
         }
         let cut = node
@@ -937,6 +997,6 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         }
     }
     // A wake-up this writer consumed may belong to the next connection's writer.
-    peer.queue.ready.notify_one();
+    queue.ready.notify_one();
     let _ = writer.shutdown().await;
 }

@@ -1,5 +1,6 @@
-//! One remote node as seen from here: its outbound queue, its current connection and the rule
-//! that keeps exactly one connection per node pair.
+//! One remote node as seen from here: its two outbound queues (control and user lane), its
+//! current connection on each lane and the rule that keeps exactly one connection per lane
+//! and node pair.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -12,7 +13,7 @@ use shardik_actor::wire::WireContext;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{Frame, NodeIdentity, RejectReason};
+use crate::frame::{Frame, Lane, NodeIdentity, RejectReason};
 use crate::node::Node;
 use crate::queue::{Full, OutQueue};
 use crate::registry::LookupCache;
@@ -30,6 +31,8 @@ pub struct ConnectionInfo {
     pub peer: NodeIdentity,
     /// True if this node dialed.
     pub outbound: bool,
+    /// Which of the node pair's two connections this is.
+    pub lane: Lane,
 }
 
 pub(crate) struct ConnSlot {
@@ -38,15 +41,31 @@ pub(crate) struct ConnSlot {
     pub(crate) cancel: CancellationToken,
 }
 
+/// Per-lane state of a peer.
 #[derive(Default)]
-struct PeerState {
+struct LaneState {
     conn: Option<ConnSlot>,
     /// Dial attempts in flight.
     dialing: u32,
+    /// When this lane's last connection ended, if none has been installed since.
+    ended_at: Option<Instant>,
+}
+
+#[derive(Default)]
+struct PeerState {
+    lanes: [LaneState; 2],
     /// The last identity seen at this address.
     remote: Option<NodeIdentity>,
-    /// When the last connection ended, if none has been installed since.
-    ended_at: Option<Instant>,
+}
+
+impl PeerState {
+    fn lane(&mut self, lane: Lane) -> &mut LaneState {
+        &mut self.lanes[lane.index()]
+    }
+
+    fn any_connected(&self) -> bool {
+        self.lanes.iter().any(|l| l.conn.is_some())
+    }
 }
 
 /// A peer that came back as a new incarnation.
@@ -57,20 +76,37 @@ pub(crate) struct Restarted {
     pub(crate) cutoff: Instant,
 }
 
+/// What installing a connection changed.
+pub(crate) struct Installed {
+    /// Set if the peer is a new incarnation (detected once, by the first connection to it).
+    pub(crate) restarted: Option<Restarted>,
+    /// True if no other connection to the peer was up: the association just came up.
+    pub(crate) first: bool,
+}
+
+/// One lane toward the peer: its queue, the dialer's wake-up and whether it is connected.
+pub(crate) struct LaneLink {
+    pub(crate) queue: OutQueue,
+    /// Wakes this lane's dialer: frames queued while disconnected, a connection ended, or the
+    /// other lane connected.
+    pub(crate) wake: Notify,
+    /// Cuts this lane's reconnect backoff short: the other lane just connected, so the peer
+    /// is reachable again.
+    pub(crate) other_up: Notify,
+    connected: AtomicBool,
+    /// Recent heartbeats in flight on this lane: sequence number and when each was queued.
+    heartbeats: Mutex<VecDeque<(u64, Instant)>>,
+}
+
 pub(crate) struct Peer {
     /// The peer's advertised address, the key it is known by.
     pub(crate) addr: Arc<str>,
     node: Weak<Node>,
-    pub(crate) queue: OutQueue,
+    links: [LaneLink; 2],
     state: Mutex<PeerState>,
-    /// Wakes the dialer: messages queued while disconnected, or a connection ended.
-    pub(crate) wake: Notify,
-    connected: AtomicBool,
     pub(crate) wire: Arc<dyn WireContext>,
     /// This node's own address: frames are handled in place, without a connection.
     loopback: bool,
-    /// Recent heartbeats in flight: sequence number and when each was queued.
-    heartbeats: Mutex<VecDeque<(u64, Instant)>>,
 }
 
 /// The order that decides simultaneous connects: the lower node keeps its outbound connection.
@@ -80,44 +116,60 @@ fn rank(id: &NodeIdentity) -> (&str, u64, &str) {
 
 impl Peer {
     pub(crate) fn new(node: &Arc<Node>, addr: Arc<str>) -> Arc<Peer> {
-        let addr_for_loopback = addr.clone();
+        let link = |cap| LaneLink {
+            queue: OutQueue::new(cap),
+            wake: Notify::new(),
+            other_up: Notify::new(),
+            connected: AtomicBool::new(false),
+            heartbeats: Mutex::new(VecDeque::new()),
+        };
         Arc::new(Peer {
             wire: Arc::new(PeerWire {
                 node: Arc::downgrade(node),
                 peer: addr.clone(),
+                format: node.cfg.payload_format.clone(),
             }),
+            loopback: *node.addr == *addr,
             addr,
             node: Arc::downgrade(node),
-            queue: OutQueue::new(node.cfg.outbound_queue, node.cfg.control_queue),
+            links: [link(node.cfg.control_queue), link(node.cfg.outbound_queue)],
             state: Mutex::new(PeerState::default()),
-            wake: Notify::new(),
-            connected: AtomicBool::new(false),
-            loopback: *node.addr == *addr_for_loopback,
-            heartbeats: Mutex::new(VecDeque::new()),
         })
     }
 
-    /// Queues a user frame; wakes the dialer if there is no connection.
-    pub(crate) fn send_user(&self, frame: Frame) -> Result<(), Full> {
+    /// The queue, wake-up and heartbeats of `lane`.
+    pub(crate) fn link(&self, lane: Lane) -> &LaneLink {
+        &self.links[lane.index()]
+    }
+
+    /// Queues `frame` on `lane`; wakes that lane's dialer if it has no connection. A frame
+    /// to this node itself is handled at once, as if it had arrived.
+    fn send_on(&self, lane: Lane, frame: Frame) -> Result<(), Full> {
         if self.loopback {
             // A message to this node itself: decode and deliver now, in order, as if it had
             // arrived (same encoding, same reply path).
             if let Some(node) = self.node.upgrade() {
                 let me = node.local.me.node_id.clone();
-                node.handle_frame(self, &me, frame, &mut LookupCache::default());
+                node.handle_frame(self, lane, &me, frame, &mut LookupCache::default());
             }
             return Ok(());
         }
-        self.queue.push_user(frame)?;
-        if !self.connected.load(Ordering::Acquire) {
-            self.wake.notify_one();
+        let link = self.link(lane);
+        link.queue.push(frame)?;
+        if !link.connected.load(Ordering::Acquire) {
+            link.wake.notify_one();
         }
         Ok(())
     }
 
+    /// Queues a user frame (message, reply) on the user lane.
+    pub(crate) fn send_user(&self, frame: Frame) -> Result<(), Full> {
+        self.send_on(Lane::User, frame)
+    }
+
     /// Whether a user frame would be refused now (a message to this node itself never is).
     pub(crate) fn user_full(&self) -> bool {
-        !self.loopback && self.queue.user_full()
+        !self.loopback && self.link(Lane::User).queue.is_full()
     }
 
     /// Queues a reply or reply failure; a full lane drops it with an error log (the asker
@@ -136,145 +188,205 @@ impl Peer {
         }
     }
 
-    /// Queues a control frame (heartbeats); a full control lane drops it with a warning.
-    pub(crate) fn send_control(&self, frame: Frame) {
-        if self.queue.push_control(frame).is_err() {
-            tracing::warn!(peer = %self.addr, "control lane full: frame dropped");
+    /// Queues a heartbeat answer on `lane`; a full lane drops it with a warning.
+    pub(crate) fn send_heartbeat_ack(&self, lane: Lane, seq: u64) {
+        if self
+            .link(lane)
+            .queue
+            .push(Frame::HeartbeatAck(seq))
+            .is_err()
+        {
+            tracing::warn!(peer = %self.addr, lane = lane.as_str(), "lane full: heartbeat answer dropped");
         }
     }
 
-    /// Queues a message frame on the control lane ([`RemoteRef::try_tell_control`]); wakes the
-    /// dialer if there is no connection. A message to this node itself is handled at once.
+    /// Queues a message frame on the control lane ([`RemoteRef::try_tell_control`]).
     ///
     /// [`RemoteRef::try_tell_control`]: crate::RemoteRef::try_tell_control
     pub(crate) fn send_control_msg(&self, frame: Frame) -> Result<(), Full> {
-        if self.loopback {
-            if let Some(node) = self.node.upgrade() {
-                let me = node.local.me.node_id.clone();
-                node.handle_frame(self, &me, frame, &mut LookupCache::default());
-            }
-            return Ok(());
-        }
-        self.queue.push_control(frame)?;
-        if !self.connected.load(Ordering::Acquire) {
-            self.wake.notify_one();
-        }
-        Ok(())
+        self.send_on(Lane::Control, frame)
     }
 
-    /// Queues heartbeat `seq` on the control lane and remembers when.
-    pub(crate) fn send_heartbeat(&self, seq: u64) {
+    /// Queues heartbeat `seq` on `lane` and remembers when.
+    pub(crate) fn send_heartbeat(&self, lane: Lane, seq: u64) {
+        let link = self.link(lane);
         {
-            let mut hb = self.heartbeats.lock();
+            let mut hb = link.heartbeats.lock();
             if hb.len() >= 64 {
                 hb.pop_front();
             }
             hb.push_back((seq, Instant::now()));
         }
-        self.send_control(Frame::Heartbeat(seq));
+        if link.queue.push(Frame::Heartbeat(seq)).is_err() {
+            tracing::warn!(peer = %self.addr, lane = lane.as_str(), "lane full: heartbeat dropped");
+        }
     }
 
-    /// The round trip of heartbeat `seq`, if it is one of ours still in flight.
-    pub(crate) fn heartbeat_acked(&self, seq: u64) -> Option<std::time::Duration> {
-        let mut hb = self.heartbeats.lock();
+    /// The round trip of heartbeat `seq` on `lane`, if it is one of ours still in flight.
+    pub(crate) fn heartbeat_acked(&self, lane: Lane, seq: u64) -> Option<std::time::Duration> {
+        let mut hb = self.link(lane).heartbeats.lock();
         let i = hb.iter().position(|(s, _)| *s == seq)?;
         let (_, at) = hb[i];
         hb.drain(..=i);
         Some(at.elapsed())
     }
 
-    /// Starts a dial if there is no connection and something to send. True if started.
-    pub(crate) fn try_start_dial(&self) -> bool {
+    /// Starts a dial on `lane` if it has no connection and no dial in flight, and either has
+    /// something to send or this node dialed the other lane's connection (the dialer of an
+    /// association makes both of its connections). True if started.
+    pub(crate) fn try_start_dial(&self, lane: Lane) -> bool {
         let mut st = self.state.lock();
-        if st.conn.is_none() && st.dialing == 0 && !self.queue.is_empty() {
-            st.dialing += 1;
+        // A connection being closed (`disconnect`) does not count: closing both must not
+        // re-make one at once.
+        let other_outbound = st.lanes[lane.other().index()]
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.info.outbound && !c.cancel.is_cancelled());
+        let l = st.lane(lane);
+        if l.conn.is_none()
+            && l.dialing == 0
+            && (other_outbound || !self.link(lane).queue.is_empty())
+        {
+            l.dialing += 1;
             true
         } else {
             false
         }
     }
 
-    /// Starts a dial unconditionally (explicit connect).
-    pub(crate) fn start_dial(&self) {
-        self.state.lock().dialing += 1;
-    }
-
-    pub(crate) fn end_dial(&self) {
+    /// Starts a dial on every lane that has no connection (explicit connect); returns those
+    /// lanes. Each must be ended with [`end_dial`](Self::end_dial).
+    pub(crate) fn start_dials(&self) -> Vec<Lane> {
         let mut st = self.state.lock();
-        st.dialing = st.dialing.saturating_sub(1);
+        Lane::ALL
+            .into_iter()
+            .filter(|&lane| {
+                let l = st.lane(lane);
+                let start = l.conn.is_none();
+                if start {
+                    l.dialing += 1;
+                }
+                start
+            })
+            .collect()
     }
 
-    /// Installs a connection whose handshake completed as the connector. Says so if the peer
-    /// restarted.
-    pub(crate) fn install(&self, slot: ConnSlot) -> Option<Restarted> {
+    pub(crate) fn end_dial(&self, lane: Lane) {
+        let mut st = self.state.lock();
+        let l = st.lane(lane);
+        l.dialing = l.dialing.saturating_sub(1);
+    }
+
+    /// Installs a connection whose handshake completed as the connector.
+    pub(crate) fn install(&self, slot: ConnSlot) -> Installed {
         let mut st = self.state.lock();
         self.install_locked(&mut st, slot)
     }
 
-    fn install_locked(&self, st: &mut PeerState, slot: ConnSlot) -> Option<Restarted> {
-        if let Some(old) = st.conn.take() {
-            old.cancel.cancel();
-        }
-        let ended_at = st.ended_at.take();
+    /// Installs `slot` on its lane, replacing (and closing) the lane's previous connection.
+    /// A new incarnation is detected here, once: its first connection closes every
+    /// connection to the old one and reports the restart.
+    fn install_locked(&self, st: &mut PeerState, slot: ConnSlot) -> Installed {
+        let lane = slot.info.lane;
         let new = &slot.info.peer;
         let restarted = match &st.remote {
-            Some(r) if r.incarnation != new.incarnation => Some(Restarted {
-                old: r.incarnation,
-                cutoff: ended_at.unwrap_or_else(Instant::now),
-            }),
+            Some(r) if r.incarnation != new.incarnation => {
+                // Requests sent before the old incarnation's first connection ended went to
+                // it; if none ended yet, everything sent so far did.
+                let cutoff = st
+                    .lanes
+                    .iter()
+                    .filter_map(|l| l.ended_at)
+                    .min()
+                    .unwrap_or_else(Instant::now);
+                for l in &mut st.lanes {
+                    if let Some(old) = l.conn.take() {
+                        old.cancel.cancel();
+                    }
+                    l.ended_at = None;
+                }
+                Some(Restarted {
+                    old: r.incarnation,
+                    cutoff,
+                })
+            }
             _ => None,
         };
         st.remote = Some(new.clone());
-        st.conn = Some(slot);
-        self.connected.store(true, Ordering::Release);
-        restarted
+        let first = !st.any_connected();
+        let l = st.lane(lane);
+        if let Some(old) = l.conn.take() {
+            old.cancel.cancel();
+        }
+        l.ended_at = None;
+        l.conn = Some(slot);
+        self.link(lane).connected.store(true, Ordering::Release);
+        // The dialer of an association also makes its other connection, at once.
+        let other = self.link(lane.other());
+        other.wake.notify_one();
+        other.other_up.notify_one();
+        Installed { restarted, first }
     }
 
     /// Decides, as the accepting side and after the peer proved itself, whether to keep an
-    /// inbound connection, and installs it if so. With simultaneous connects the lower node
-    /// (by node id, incarnation, address) keeps its outbound connection: it refuses the
-    /// inbound one while it dials or holds an outbound connection to the same incarnation;
-    /// the higher node always takes the lower node's connection.
+    /// inbound connection, and installs it if so. Each lane is decided on its own: with
+    /// simultaneous connects the lower node (by node id, incarnation, address) keeps its
+    /// outbound connection: it refuses the inbound one while it dials or holds an outbound
+    /// connection on the same lane to the same incarnation; the higher node always takes the
+    /// lower node's connection.
     pub(crate) fn admit_inbound(
         &self,
         me: &NodeIdentity,
         slot: ConnSlot,
-    ) -> Result<Option<Restarted>, RejectReason> {
+    ) -> Result<Installed, RejectReason> {
         let mut st = self.state.lock();
         let remote = &slot.info.peer;
         let same_incarnation = st
             .remote
             .as_ref()
             .is_none_or(|r| r.incarnation == remote.incarnation);
-        let have_outbound = st.dialing > 0 || st.conn.as_ref().is_some_and(|c| c.info.outbound);
+        let l = &st.lanes[slot.info.lane.index()];
+        let have_outbound = l.dialing > 0 || l.conn.as_ref().is_some_and(|c| c.info.outbound);
         if rank(me) < rank(remote) && same_incarnation && have_outbound {
             return Err(RejectReason::Duplicate);
         }
         Ok(self.install_locked(&mut st, slot))
     }
 
-    /// A connection ended. True if it was the current one (the dialer is woken).
-    pub(crate) fn connection_ended(&self, id: u64) -> bool {
+    /// A connection on `lane` ended. Returns `None` if it was not the lane's current one,
+    /// else whether it was the peer's last connection (the association is down). Wakes the
+    /// lane's dialer.
+    pub(crate) fn connection_ended(&self, lane: Lane, id: u64) -> Option<bool> {
         let mut st = self.state.lock();
-        if st.conn.as_ref().map(|c| c.id) != Some(id) {
-            return false;
+        let l = st.lane(lane);
+        if l.conn.as_ref().map(|c| c.id) != Some(id) {
+            return None;
         }
-        st.conn = None;
-        st.ended_at = Some(Instant::now());
-        self.connected.store(false, Ordering::Release);
+        l.conn = None;
+        l.ended_at = Some(Instant::now());
+        let last = !st.any_connected();
         drop(st);
-        self.wake.notify_one();
-        true
+        let link = self.link(lane);
+        link.connected.store(false, Ordering::Release);
+        link.wake.notify_one();
+        Some(last)
     }
 
-    pub(crate) fn connection(&self) -> Option<ConnectionInfo> {
-        self.state.lock().conn.as_ref().map(|c| c.info.clone())
+    /// The current connection on `lane`, if any.
+    pub(crate) fn connection(&self, lane: Lane) -> Option<ConnectionInfo> {
+        self.state.lock().lanes[lane.index()]
+            .conn
+            .as_ref()
+            .map(|c| c.info.clone())
     }
 
-    /// Closes the current connection, if any.
-    pub(crate) fn disconnect(&self) {
-        if let Some(c) = self.state.lock().conn.as_ref() {
-            c.cancel.cancel();
+    /// Closes the current connection on each lane in `lanes`, if any.
+    pub(crate) fn disconnect(&self, lanes: &[Lane]) {
+        let st = self.state.lock();
+        for lane in lanes {
+            if let Some(c) = &st.lanes[lane.index()].conn {
+                c.cancel.cancel();
+            }
         }
     }
 }

@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use shardik_actor::wire::PayloadFormat;
 use shardik_actor::{ActorRef, ActorSystem};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::broadcast;
 
 use crate::config::RemoteConfig;
 use crate::error::RemoteError;
-use crate::frame::{NodeIdentity, PROTOCOL_VERSION};
+use crate::frame::{Lane, NodeIdentity, PROTOCOL_VERSION};
 use crate::handshake::Local;
 use crate::node::{accept_loop, reply_sweeper, Node};
 use crate::peer::ConnectionInfo;
@@ -72,6 +73,7 @@ impl Remote {
             secret: config.secret.clone().unwrap_or_else(|| Arc::from(&[][..])),
             timeout: config.handshake_timeout,
             max_frame_len: config.max_frame_len,
+            payload_format: config.payload_format.name().to_string(),
         };
         if config.secret.is_none() {
             tracing::warn!(
@@ -138,6 +140,11 @@ impl Remote {
         self.node.local.me.clone()
     }
 
+    /// The format this node encodes and decodes payloads in.
+    pub fn payload_format(&self) -> &PayloadFormat {
+        &self.node.cfg.payload_format
+    }
+
     /// The actor system this layer serves.
     pub fn system(&self) -> &ActorSystem {
         &self.node.system
@@ -149,12 +156,18 @@ impl Remote {
     where
         M: DeserializeOwned + Send + 'static,
     {
-        let decoder = typed_decoder(self.node.system.clone(), path.into(), actor);
+        let decoder = typed_decoder(
+            self.node.system.clone(),
+            path.into(),
+            actor,
+            self.node.cfg.payload_format.clone(),
+        );
         self.node.registry.insert(path, decoder).is_some()
     }
 
     /// Registers a hand-written decoder at `path` (adapters, routers). It runs on the
-    /// connection's reader task: it must not block.
+    /// connection's reader task: it must not block. It decodes the payload with
+    /// [`decode_payload`](crate::decode_payload), which uses this node's payload format.
     pub fn register_decoder(&self, path: &str, decoder: Decoder) -> bool {
         self.node.registry.insert(path, decoder).is_some()
     }
@@ -173,28 +186,56 @@ impl Remote {
         RemoteRef::new(self.node.clone(), self.node.peer(addr), path.into())
     }
 
-    /// Connects to the node at `addr` now and waits for the handshake. Returns the peer's
-    /// identity, or why it failed (unreachable, or refused by either side).
+    /// Connects to the node at `addr` now, control connection first, then the user
+    /// connection, and waits for their handshakes. Returns the peer's identity, or why it
+    /// failed (unreachable, or refused by either side).
     pub async fn connect(&self, addr: &str) -> Result<NodeIdentity, RemoteError> {
         let peer = self.node.peer(addr);
-        if let Some(c) = peer.connection() {
-            return Ok(c.peer);
+        // Every lane without a connection counts as dialing until its turn, so the dialer
+        // tasks do not race this call with dials of their own.
+        let mut res = Ok(None);
+        for lane in peer.start_dials() {
+            if res.is_ok() {
+                res = self.node.dial_once(&peer, lane).await.map(Some);
+            }
+            peer.end_dial(lane);
         }
-        peer.start_dial();
-        let res = self.node.dial_once(&peer).await;
-        peer.end_dial();
-        res
+        match res? {
+            Some(identity) => Ok(identity),
+            None => Lane::ALL
+                .into_iter()
+                .find_map(|lane| peer.connection(lane))
+                .map(|c| c.peer)
+                .ok_or_else(|| RemoteError::Connect {
+                    addr: addr.to_string(),
+                    source: std::io::ErrorKind::NotConnected.into(),
+                }),
+        }
     }
 
-    /// The current connection to the node at `addr`, if any.
+    /// The current user connection (messages and replies) to the node at `addr`, if any.
     pub fn connection(&self, addr: &str) -> Option<ConnectionInfo> {
-        self.node.existing_peer(addr)?.connection()
+        self.connection_on(addr, Lane::User)
     }
 
-    /// Closes the current connection to `addr` (it is re-made on demand).
+    /// The current connection on `lane` to the node at `addr`, if any.
+    pub fn connection_on(&self, addr: &str, lane: Lane) -> Option<ConnectionInfo> {
+        self.node.existing_peer(addr)?.connection(lane)
+    }
+
+    /// Closes the current connections to `addr` (they are re-made on demand).
     pub fn disconnect(&self, addr: &str) {
         if let Some(p) = self.node.existing_peer(addr) {
-            p.disconnect();
+            p.disconnect(&Lane::ALL);
+        }
+    }
+
+    /// Closes the current connection on `lane` to `addr` only; the other connection stays
+    /// up, and this one is re-made on demand (by the node that dialed the other one, or by
+    /// the next frame queued on this lane).
+    pub fn disconnect_on(&self, addr: &str, lane: Lane) {
+        if let Some(p) = self.node.existing_peer(addr) {
+            p.disconnect(&[lane]);
         }
     }
 
@@ -202,7 +243,7 @@ impl Remote {
     pub fn queued(&self, addr: &str) -> usize {
         self.node
             .existing_peer(addr)
-            .map_or(0, |p| p.queue.user_len())
+            .map_or(0, |p| p.link(Lane::User).queue.len())
     }
 
     /// Counters since start.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use shardik_actor::wire::with_wire_context;
+use shardik_actor::wire::{with_wire_context, PayloadFormat};
 use shardik_actor::{AskError, ReplyTo};
 use tokio::sync::oneshot;
 
@@ -58,7 +58,8 @@ pub struct Refused<M> {
 /// Its [`tell`](RemoteRef::tell) and [`ask`](RemoteRef::ask) mirror
 /// [`ActorRef`](shardik_actor::ActorRef)'s: `tell` never blocks and turns an undeliverable
 /// message into a dead letter; `ask` builds the request around a [`ReplyTo`] and waits up to a
-/// timeout. Messages are encoded with MessagePack (named fields) when they are sent, so a
+/// timeout. Messages are encoded in the node's payload format (by default MessagePack with
+/// named fields) when they are sent, so a
 /// `ReplyTo` inside a message (made by `ask`, or by [`ReplyTo::channel`]) is answered across
 /// the network. Delivery is at most once; messages from one sender to one remote actor keep
 /// their order.
@@ -117,8 +118,9 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
         if self.node.is_shut_down() {
             return Err(SendError::ShutDown);
         }
+        let format = &self.node.cfg.payload_format;
         let (res, ids) =
-            replies::capture(|| with_wire_context(&self.peer.wire, || encode_payload(msg)));
+            replies::capture(|| with_wire_context(&self.peer.wire, || encode_payload(format, msg)));
         let payload = match res {
             Ok(p) => p,
             Err(e) => {
@@ -127,7 +129,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
                     &self.node.counters.encode_errors,
                     "shardik_remote_encode_errors_total",
                 );
-                return Err(SendError::Encode(e.to_string()));
+                return Err(SendError::Encode(e));
             }
         };
         // Kind byte, header length, MessagePack overhead of the header (generous).
@@ -209,10 +211,11 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
     /// Queues `msg` on the peer's **control lane** instead of the user lane, or says why it
     /// was refused (nothing is recorded as a dead letter).
     ///
-    /// The control lane is what the connection's own heartbeats use: the writer drains it
-    /// before any user frame, and it has its own bound (`RemoteConfig::control_queue`,
+    /// The control lane is what heartbeats use: it has its own TCP connection to the node,
+    /// with its own writer and reader, and its own bound (`RemoteConfig::control_queue`,
     /// default 1 024 frames), so a flood of user messages toward the same node neither delays
-    /// these messages behind the user queue nor makes them fail with a full user lane. Meant
+    /// these messages (not in the queue, not in the kernel's buffers, not at the receiver's
+    /// reader) nor makes them fail with a full user lane. Meant
     /// for small, infrequent protocol messages of higher layers (cluster heartbeats and
     /// gossip); the receiver decodes and delivers them exactly like [`tell`](Self::tell)ed
     /// ones. Messages sent with `tell` and `tell_control` to the same actor are not ordered
@@ -381,15 +384,15 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Encodes `msg` (MessagePack, named fields) into exactly-sized [`Bytes`]: serialized into a
-/// reused per-thread buffer first, then copied once. Serializing into a fresh `Vec` grew it
-/// step by step (several reallocations for a 100-byte message) and left spare capacity that
-/// made the conversion to `Bytes` allocate once more.
-fn encode_payload<M: Serialize>(msg: &M) -> Result<Bytes, rmp_serde::encode::Error> {
+/// Encodes `msg` in `format` into exactly-sized [`Bytes`]: serialized into a reused
+/// per-thread buffer first, then copied once. Serializing into a fresh `Vec` grew it step by
+/// step (several reallocations for a 100-byte message) and left spare capacity that made the
+/// conversion to `Bytes` allocate once more.
+fn encode_payload<M: Serialize>(format: &PayloadFormat, msg: &M) -> Result<Bytes, String> {
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buf) => {
             buf.clear();
-            let res = rmp_serde::encode::write_named(&mut *buf, msg);
+            let res = format.encode_into(msg, &mut buf);
             let out = res.map(|()| Bytes::copy_from_slice(&buf));
             if buf.capacity() > 64 * 1024 {
                 *buf = Vec::new();
@@ -397,6 +400,6 @@ fn encode_payload<M: Serialize>(msg: &M) -> Result<Bytes, rmp_serde::encode::Err
             out
         }
         // A message whose serialization sends another message on this thread.
-        Err(_) => rmp_serde::to_vec_named(msg).map(Bytes::from),
+        Err(_) => format.encode(msg).map(Bytes::from),
     })
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use shardik_actor::wire::{ReplyDeliver, ReplySink, WireContext, WireReplyAddr};
+use shardik_actor::wire::{PayloadFormat, ReplyDeliver, ReplySink, WireContext, WireReplyAddr};
 use tokio::sync::oneshot;
 
 use crate::frame::{Frame, ReplyFailure};
@@ -191,9 +191,15 @@ pub(crate) struct PeerWire {
     pub(crate) node: Weak<Node>,
     /// The peer's advertised address.
     pub(crate) peer: Arc<str>,
+    /// The node's payload format, which replies travel in too.
+    pub(crate) format: PayloadFormat,
 }
 
 impl WireContext for PeerWire {
+    fn payload_format(&self) -> PayloadFormat {
+        self.format.clone()
+    }
+
     fn export_reply(&self, deliver: ReplyDeliver) -> Result<WireReplyAddr, String> {
         let node = self
             .node

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::frame::RejectReason;
+use crate::frame::{Lane, RejectReason};
 
 macro_rules! counters {
     ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
@@ -54,7 +54,7 @@ counters! {
     connections_rejected,
     /// Handshakes that failed, on either side.
     handshake_failures,
-    /// Connections that completed a handshake.
+    /// Connections that completed a handshake (two per node pair: control and user).
     connections_established,
     /// Frames dropped by the fault injector.
     fault_dropped,
@@ -64,12 +64,13 @@ counters! {
     replies_unmatched,
     /// Replies that failed to decode as the asker's type.
     reply_decode_errors,
-    /// Heartbeats answered.
+    /// Heartbeats answered on control connections.
     heartbeats_acked,
-    /// Longest heartbeat round trip seen, in microseconds (from queueing the heartbeat to
-    /// reading its answer; shows how long user traffic delayed the control lane).
+    /// Longest heartbeat round trip seen on a control connection, in microseconds (from
+    /// queueing the heartbeat to reading its answer; shows whether anything delayed the
+    /// control lane).
     heartbeat_rtt_max_us,
-    /// Latest heartbeat round trip, in microseconds.
+    /// Latest heartbeat round trip on a control connection, in microseconds.
     heartbeat_rtt_last_us,
 }
 
@@ -89,7 +90,8 @@ pub(crate) fn should_log(n: u64) -> bool {
 /// [`Remote::events`](crate::Remote::events).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RemoteEvent {
-    /// A handshake completed; user frames flow to and from `node_id` at `addr`.
+    /// A handshake completed: one of the two connections to `node_id` at `addr` (its
+    /// `lane`) is up. Published once per connection, so twice when a node pair connects.
     Connected {
         /// The peer's advertised address.
         addr: String,
@@ -99,8 +101,18 @@ pub enum RemoteEvent {
         incarnation: u64,
         /// True if this node dialed.
         outbound: bool,
+        /// Which of the two connections came up.
+        lane: Lane,
     },
-    /// A connection ended.
+    /// One of the two connections to the peer ended (it is re-made on demand).
+    ConnectionClosed {
+        /// The peer's advertised address.
+        addr: String,
+        /// Which connection.
+        lane: Lane,
+    },
+    /// The last connection to the peer ended: neither the control nor the user connection is
+    /// up (published after that connection's [`RemoteEvent::ConnectionClosed`]).
     Disconnected {
         /// The peer's advertised address.
         addr: String,

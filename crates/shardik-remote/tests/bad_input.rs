@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use serde::{Deserialize, Serialize};
 use shardik_actor::AskError;
-use shardik_remote::{RemoteEvent, RemoteStats};
+use shardik_remote::{Lane, RemoteEvent, RemoteStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -91,11 +91,18 @@ async fn oversized_frame_on_an_established_connection_closes_it_and_traffic_resu
     assert!(error.contains("exceeds the limit"), "{error}");
     assert_eq!(b.stats().connections_rejected, 1);
 
-    // Once the sender has seen the connection close, the next messages reconnect and flow.
+    // Only the user connection closes (the control connection is another one). Once the
+    // sender has seen it close, the next messages reconnect and flow.
     // (Messages written before that are lost with the connection: delivery is at most once.)
     if a.connection(b.addr()).is_some() {
         wait_event(&mut events_a, |e| {
-            matches!(e, RemoteEvent::Disconnected { .. })
+            matches!(
+                e,
+                RemoteEvent::ConnectionClosed {
+                    lane: Lane::User,
+                    ..
+                }
+            )
         })
         .await;
     }

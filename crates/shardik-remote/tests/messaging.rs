@@ -29,7 +29,7 @@ async fn tell_and_ask_both_ways() {
         Ok(42)
     );
 
-    // One connection serves both directions.
+    // One user connection serves both directions.
     let ca = a.connection(b.addr()).expect("a is connected to b");
     let cb = b.connection(a.addr()).expect("b is connected to a");
     assert_eq!((ca.local, ca.remote), (cb.remote, cb.local));

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use shardik_actor::AskError;
-use shardik_remote::RemoteEvent;
+use shardik_remote::{Lane, RemoteEvent};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_after_the_peer_restarts_with_a_new_incarnation() {
@@ -68,10 +68,22 @@ async fn a_cut_connection_is_remade_on_demand() {
     let (sys_b, b) = node("b").await;
     let mut seen = echo(&sys_b, &b);
     let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+    let mut events = a.events();
     to_b.tell(Echo::Record { from: 1, n: 1 });
     assert_eq!(next(&mut seen).await, (1, 1));
+    // The message made the user connection; `a`, its dialer, makes the control connection
+    // right after. Both are up before they are cut.
+    wait_event(&mut events, |e| {
+        matches!(
+            e,
+            RemoteEvent::Connected {
+                lane: Lane::Control,
+                ..
+            }
+        )
+    })
+    .await;
     let first = a.connection(b.addr()).unwrap();
-    let mut events = a.events();
     a.disconnect(b.addr());
     wait_event(&mut events, |e| {
         matches!(e, RemoteEvent::Disconnected { .. })

@@ -89,3 +89,9 @@ async fn matching_nodes_without_secrets_connect() {
     let to_a = b.lookup::<Echo>("/user/echo", a.addr());
     assert_eq!(to_a.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_payload_format_is_refused() {
+    let json = config("b").payload_format(shardik_remote::JsonCodec::format());
+    refused_both_ways(config("a"), json, RejectReason::PayloadFormat).await;
+}

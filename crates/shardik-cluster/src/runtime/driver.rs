@@ -69,10 +69,7 @@ pub(crate) fn start(
     let (tx, inbox) = mpsc::channel::<(Instant, WireMsg)>(INBOX);
     let endpoint = shared.clone();
     let decoder: Decoder = Arc::new(move |bytes: &[u8]| {
-        let msg: WireMsg = rmp_serde::from_slice(bytes).map_err(|e| DecodeError::Payload {
-            expected: "shardik cluster message",
-            detail: e.to_string(),
-        })?;
+        let msg: WireMsg = shardik_remote::decode_payload(bytes)?;
         // Stamped on arrival: the failure detector must not see the driver's own delays.
         let c = &endpoint.counters;
         c.received.fetch_add(1, Ordering::Relaxed);

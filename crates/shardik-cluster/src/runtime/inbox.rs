@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
-use shardik_remote::{DecodeError, Remote};
+use shardik_remote::{decode_payload, DecodeError, Remote};
 use tokio::sync::mpsc;
 
 /// Registers `path` on `remote`: every message that decodes as `T` is queued on the returned
@@ -18,10 +18,7 @@ where
     remote.register_decoder(
         path,
         Arc::new(move |bytes: &[u8]| {
-            let msg: T = rmp_serde::from_slice(bytes).map_err(|e| DecodeError::Payload {
-                expected: std::any::type_name::<T>(),
-                detail: e.to_string(),
-            })?;
+            let msg: T = decode_payload(bytes)?;
             tx.try_send(msg)
                 .map_err(|_| DecodeError::Refused("protocol inbox full or closed".into()))
         }),

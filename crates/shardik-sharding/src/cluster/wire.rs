@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use shardik_actor::ReplyTo;
 use shardik_cluster::member::UniqueAddress;
-use shardik_remote::{DecodeError, Decoder};
+use shardik_remote::Decoder;
 
 use crate::coordination::{
     CoordinatorState, Envelope, Epoch, HandOffId, PeerMsg, RegionId, ToCoordinator, Version,
@@ -206,10 +206,7 @@ where
     T: DeserializeOwned + Send + 'static,
 {
     Arc::new(move |bytes: &[u8]| {
-        let msg: T = rmp_serde::from_slice(bytes).map_err(|e| DecodeError::Payload {
-            expected: std::any::type_name::<T>(),
-            detail: e.to_string(),
-        })?;
+        let msg: T = shardik_remote::decode_payload(bytes)?;
         f(msg);
         Ok(())
     })
