@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Mutex, MutexGuard, RwLock, RwLockWriteGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use shardik_actor::{ActorSystem, TellError};
@@ -348,61 +348,58 @@ where
     }
 
     fn input(&self, input: RegionInput<M>) {
-        // A message forwarded by a peer routes like a local send: it never moves a shard.
-        let input = match input {
+        match input {
+            // A message forwarded by a peer routes like a local send: it never moves a shard.
             RegionInput::FromPeer {
                 from,
                 msg: PeerMsg::Deliver(env),
             } => {
-                // For a shard hosted here, what the state machine's `DeliverLocal` would do,
-                // without the region lock (see `deliver`).
-                match self.deliver_directly(env) {
-                    None => return,
-                    Some(env) => RegionInput::FromPeer {
-                        from,
-                        msg: PeerMsg::Deliver(env),
-                    },
-                }
+                let Some(env) = self.deliver_directly(env) else {
+                    return;
+                };
+                let shard = env.shard;
+                let mut g = self.inner.lock();
+                let msg = PeerMsg::Deliver(env);
+                self.handle_locked(&mut g, RegionInput::FromPeer { from, msg });
+                self.debug_check_flag(&g, shard);
             }
-            other => other,
-        };
-        if let RegionInput::FromPeer {
-            msg: PeerMsg::Deliver(env),
-            ..
-        } = &input
-        {
-            let shard = env.shard;
-            let mut g = self.inner.lock();
-            self.handle_locked(&mut g, input);
-            self.debug_check_flag(&g, shard);
-            return;
+            other => {
+                let mut g = self.change();
+                self.handle_locked(&mut g, other);
+            }
         }
-        let mut g = self.change();
-        self.handle_locked(&mut g, input);
     }
 
-    /// Delivers `env` to the local entity if its shard is taken directly (see `gate`), or
-    /// hands it back for the state machine.
-    fn deliver_directly(&self, env: Envelope<M>) -> Option<Envelope<M>> {
-        let _gate = self.gate.read();
-        let direct = self
-            .local_shards
-            .get(env.shard as usize)
-            .is_some_and(|f| f.load(Ordering::Acquire));
-        if !direct {
-            return Some(env);
-        }
-        let Envelope {
-            entity_id,
-            shard,
-            payload,
-            ..
-        } = env;
+    /// The gate, held for reading, if messages for `shard` are taken directly now (see
+    /// `gate`): the caller delivers while it holds it.
+    fn direct(&self, shard: ShardId) -> Option<RwLockReadGuard<'_, ()>> {
+        let gate = self.gate.read();
+        self.local_shards
+            .get(shard as usize)
+            .is_some_and(|f| f.load(Ordering::Acquire))
+            .then_some(gate)
+    }
+
+    /// What the state machine's `DeliverLocal` does once the message may run: counts it for
+    /// remember-entities and hands it to the local entity.
+    fn deliver_here(&self, shard: ShardId, id: &str, msg: M) -> Result<(), TellError<M>> {
         if let Some(r) = &self.placement.remember {
-            r.delivered(shard, &entity_id);
+            r.delivered(shard, id);
         }
-        if self.local.deliver(shard, &entity_id, payload).is_err() {
-            self.dead_letter(&entity_id, "entity refused the message");
+        self.local.deliver(shard, id, msg)
+    }
+
+    /// Delivers `env` to the local entity if its shard is taken directly, or hands it back
+    /// for the state machine.
+    fn deliver_directly(&self, env: Envelope<M>) -> Option<Envelope<M>> {
+        let Some(_gate) = self.direct(env.shard) else {
+            return Some(env);
+        };
+        if self
+            .deliver_here(env.shard, &env.entity_id, env.payload)
+            .is_err()
+        {
+            self.dead_letter(&env.entity_id, "entity refused the message");
         }
         None
     }
@@ -494,10 +491,7 @@ where
                         }
                         continue;
                     }
-                    if let Some(r) = &self.placement.remember {
-                        r.delivered(shard, &entity_id);
-                    }
-                    if self.local.deliver(shard, &entity_id, payload).is_err() {
+                    if self.deliver_here(shard, &entity_id, payload).is_err() {
                         self.dead_letter(&entity_id, "entity refused the message");
                     }
                 }
@@ -740,10 +734,7 @@ where
                     }
                 }
                 for (shard, id, msg) in held {
-                    if let Some(r) = &self.placement.remember {
-                        r.delivered(shard, &id);
-                    }
-                    if self.local.deliver(shard, &id, msg).is_err() {
+                    if self.deliver_here(shard, &id, msg).is_err() {
                         self.dead_letter(&id, "entity refused the message");
                     }
                 }
@@ -780,18 +771,8 @@ where
         // without the region lock. The gate keeps every change that could move the shard
         // away waiting until this delivery is in the entity's mailbox, so it stays in order
         // with the shard's transitions (a hand-off stops the entities after it).
-        {
-            let _gate = self.gate.read();
-            if self
-                .local_shards
-                .get(shard as usize)
-                .is_some_and(|f| f.load(Ordering::Acquire))
-            {
-                if let Some(r) = &self.placement.remember {
-                    r.delivered(shard, id);
-                }
-                return self.local.deliver(shard, id, msg);
-            }
+        if let Some(_gate) = self.direct(shard) {
+            return self.deliver_here(shard, id, msg);
         }
         let mut g = self.inner.lock();
         let mut out = std::mem::take(&mut g.out);
