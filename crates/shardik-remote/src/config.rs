@@ -45,7 +45,7 @@ pub struct RemoteConfig {
     /// Capacity of the control lane toward one peer, in frames (default 1 024). When full,
     /// new control messages are dropped like user ones.
     pub control_queue: usize,
-    /// Most user frames the user connection's writer encodes into one write (default 1 024).
+    /// Most user frames the user connection's writer hands to one write (default 1 024).
     pub write_batch_frames: usize,
     /// Time allowed to connect and complete a handshake (default 5 s).
     pub handshake_timeout: Duration,

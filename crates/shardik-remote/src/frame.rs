@@ -253,6 +253,58 @@ impl HeaderCache {
     }
 }
 
+/// The compact MessagePack header of a message frame: what [`Frame::Message`] writes before
+/// its payload.
+pub(crate) fn message_header(
+    recipient: &str,
+    sender: Option<&str>,
+    type_tag: &str,
+    reply_ids: &[u64],
+) -> Result<Vec<u8>, FrameError> {
+    let header = HeaderRef {
+        recipient,
+        sender,
+        type_tag,
+        reply_ids,
+    };
+    rmp_serde::to_vec(&header).map_err(|e| FrameError::Encode(e.to_string()))
+}
+
+/// Bytes of a message frame before its header: length prefix, kind, header length.
+pub(crate) const MESSAGE_PREFIX: usize = 4 + 1 + 4;
+
+/// Starts a whole message frame in `dst` (which must be empty): a length prefix to be set by
+/// [`finish_frame`], the kind, the header's length and `header`. The payload is appended
+/// next, straight into `dst`.
+pub(crate) fn begin_message(dst: &mut Vec<u8>, header: &[u8]) {
+    debug_assert!(dst.is_empty());
+    dst.extend_from_slice(&[0; 4]);
+    dst.push(KIND_MESSAGE);
+    dst.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    dst.extend_from_slice(header);
+}
+
+/// Swaps the header of the message frame begun in `dst` (whose current header is
+/// `old_len` bytes long) for `header`, keeping the payload after it.
+pub(crate) fn replace_message_header(dst: &mut Vec<u8>, old_len: usize, header: &[u8]) {
+    dst.splice(
+        MESSAGE_PREFIX..MESSAGE_PREFIX + old_len,
+        header.iter().copied(),
+    );
+    dst[5..MESSAGE_PREFIX].copy_from_slice(&(header.len() as u32).to_be_bytes());
+}
+
+/// Sets the length prefix of the frame in `dst` (a frame begun with [`begin_message`]) and
+/// returns its body length; refuses a body over `max` (leaving `dst` as it was).
+pub(crate) fn finish_frame(dst: &mut [u8], max: usize) -> Result<usize, FrameError> {
+    let len = dst.len() - 4;
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    dst[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(len)
+}
+
 /// One frame of the remote protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
@@ -509,6 +561,42 @@ pub(crate) mod tests {
                 reason: "unknown recipient".into(),
             },
         ]
+    }
+
+    #[test]
+    fn a_message_built_in_place_is_the_encoded_frame() {
+        for reply_ids in [vec![], vec![7, 1 << 40]] {
+            let env = Envelope {
+                recipient: "/user/echo".into(),
+                sender: None,
+                type_tag: "bench::Msg".into(),
+                reply_ids: reply_ids.clone(),
+                payload: Bytes::from_static(b"\x81\xa1a\x01 payload"),
+            };
+            let mut expected = BytesMut::new();
+            crate::codec::encode_frame(&Frame::Message(env.clone()), &mut expected, 1 << 20)
+                .unwrap();
+            // Begun without reply slots, then given the slots the payload exported.
+            let mut built = Vec::new();
+            let plain = message_header("/user/echo", None, "bench::Msg", &[]).unwrap();
+            begin_message(&mut built, &plain);
+            built.extend_from_slice(&env.payload);
+            if !reply_ids.is_empty() {
+                let full = message_header("/user/echo", None, "bench::Msg", &reply_ids).unwrap();
+                replace_message_header(&mut built, plain.len(), &full);
+            }
+            let len = finish_frame(&mut built, 1 << 20).unwrap();
+            assert_eq!(len, built.len() - 4);
+            assert_eq!(built, &expected[..]);
+            assert_eq!(
+                Frame::decode_body(Bytes::copy_from_slice(&built[4..])).unwrap(),
+                Frame::Message(env)
+            );
+            assert!(matches!(
+                finish_frame(&mut built, len - 1),
+                Err(FrameError::TooLarge { len: l, max: m }) if l == len && m == len - 1
+            ));
+        }
     }
 
     #[test]

@@ -74,6 +74,7 @@ mod registry;
 mod remote;
 mod remote_ref;
 mod replies;
+mod scratch;
 mod stats;
 mod tls;
 

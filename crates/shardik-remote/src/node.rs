@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use futures_util::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use shardik_actor::wire::with_wire_context;
@@ -18,7 +17,7 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::codec::{encode_frame, BodyCodec};
+use crate::codec::BodyCodec;
 use crate::config::RemoteConfig;
 use crate::error::{DecodeError, HandshakeError, RemoteError};
 use crate::frame::{Envelope, Frame, HeaderCache, Lane, NodeIdentity, RejectReason, ReplyFailure};
@@ -922,8 +921,9 @@ async fn heartbeat_loop(every: Duration, peer: Arc<Peer>, lane: Lane, cancel: Ca
     }
 }
 
-/// Drains the `lane` queue of the peer, encoding up to `write_batch_frames` user frames (or
-/// every queued control frame) into one buffer per write call.
+/// Drains the `lane` queue of the peer: each segment of already encoded frames (up to
+/// `write_batch_frames` user frames, or every queued control frame) is written with one
+/// `write_all`, and its buffer goes back to the queue for reuse.
 async fn write_loop<W: AsyncWrite + Unpin>(
     node: Arc<Node>,
     peer: Arc<Peer>,
@@ -932,55 +932,31 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     remote_id: String,
     cancel: CancellationToken,
 ) {
-    let batch = match lane {
-        Lane::User => node.cfg.write_batch_frames,
-        Lane::Control => node.cfg.control_queue,
-    };
     let queue = &peer.link(lane).queue;
-    let max = node.cfg.max_frame_len;
-    let mut frames = Vec::with_capacity(batch.min(4096));
-    let mut buf = BytesMut::with_capacity(64 * 1024);
     loop {
-        if cancel.is_cancelled() {
-            break;
-        }
-        frames.clear();
-        if queue.take_batch(&mut frames, batch) == 0 {
+        let Some(segment) = queue.take() else {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,
                 _ = queue.ready.notified() => continue,
             }
-        }
+        };
         let cut = node
             .cfg
             .faults
             .as_ref()
             .is_some_and(|f| f.is_cut(&node.local.me.node_id, &remote_id));
-        let mut written = 0u64;
-        for frame in frames.drain(..) {
-            if cut {
-                node.counters.fault_dropped.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            match encode_frame(&frame, &mut buf, max) {
-                Ok(()) => written += 1,
-                Err(e) => {
-                    node.counters.bump(
-                        &node.counters.dropped_too_large,
-                        "shardik_remote_dropped_too_large_total",
-                    );
-                    tracing::error!(peer = %remote_id, "frame dropped at the writer: {e}");
-                }
-            }
-        }
-        if buf.is_empty() {
+        if cut {
+            node.counters
+                .fault_dropped
+                .fetch_add(segment.frames as u64, Ordering::Relaxed);
+            queue.recycle(segment.bytes);
             continue;
         }
         let res = tokio::select! {
             biased;
             _ = cancel.cancelled() => break,
-            r = writer.write_all(&buf) => r,
+            r = writer.write_all(&segment.bytes) => r,
         };
         if let Err(e) = res {
             tracing::debug!(peer = %remote_id, "write failed: {e}");
@@ -990,11 +966,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         node.counters.write_batches.fetch_add(1, Ordering::Relaxed);
         node.counters
             .frames_written
-            .fetch_add(written, Ordering::Relaxed);
-        buf.clear();
-        if buf.capacity() > 8 * max.max(1 << 20) {
-            buf = BytesMut::with_capacity(64 * 1024);
-        }
+            .fetch_add(segment.frames as u64, Ordering::Relaxed);
+        queue.recycle(segment.bytes);
     }
     // A wake-up this writer consumed may belong to the next connection's writer.
     queue.ready.notify_one();

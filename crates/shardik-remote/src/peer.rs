@@ -13,11 +13,16 @@ use shardik_actor::wire::WireContext;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::frame::{Frame, Lane, NodeIdentity, RejectReason};
+use bytes::{Bytes, BytesMut};
+
+use crate::codec::encode_frame;
+use crate::error::FrameError;
+use crate::frame::{Frame, Lane, NodeIdentity, RejectReason, ReplyFailure};
 use crate::node::Node;
 use crate::queue::{Full, OutQueue};
 use crate::registry::LookupCache;
 use crate::replies::PeerWire;
+use crate::scratch::with_scratch;
 use crate::stats::should_log;
 
 /// A live connection to a peer (diagnostics).
@@ -107,6 +112,29 @@ pub(crate) struct Peer {
     pub(crate) wire: Arc<dyn WireContext>,
     /// This node's own address: frames are handled in place, without a connection.
     loopback: bool,
+    /// The node's frame size limit (`RemoteConfig::max_frame_len`).
+    max_frame_len: usize,
+}
+
+/// Why a frame was not queued.
+#[derive(Debug)]
+pub(crate) enum NotQueued {
+    /// The lane is full (drop newest).
+    Full,
+    /// The frame could not be encoded (too large, or its header failed to serialize).
+    Encode(FrameError),
+}
+
+impl From<Full> for NotQueued {
+    fn from(_: Full) -> Self {
+        NotQueued::Full
+    }
+}
+
+thread_local! {
+    /// A scratch buffer per thread that frames are encoded into before they are queued.
+    static FRAME_SCRATCH: std::cell::RefCell<BytesMut> =
+        std::cell::RefCell::new(BytesMut::new());
 }
 
 /// The order that decides simultaneous connects: the lower node keeps its outbound connection.
@@ -116,8 +144,8 @@ fn rank(id: &NodeIdentity) -> (&str, u64, &str) {
 
 impl Peer {
     pub(crate) fn new(node: &Arc<Node>, addr: Arc<str>) -> Arc<Peer> {
-        let link = |cap| LaneLink {
-            queue: OutQueue::new(cap),
+        let link = |cap, per_write| LaneLink {
+            queue: OutQueue::new(cap, per_write),
             wake: Notify::new(),
             other_up: Notify::new(),
             connected: AtomicBool::new(false),
@@ -130,9 +158,14 @@ impl Peer {
                 format: node.cfg.payload_format.clone(),
             }),
             loopback: *node.addr == *addr,
+            max_frame_len: node.cfg.max_frame_len,
             addr,
             node: Arc::downgrade(node),
-            links: [link(node.cfg.control_queue), link(node.cfg.outbound_queue)],
+            links: [
+                // The control lane writes whatever is queued at once.
+                link(node.cfg.control_queue, node.cfg.control_queue),
+                link(node.cfg.outbound_queue, node.cfg.write_batch_frames),
+            ],
             state: Mutex::new(PeerState::default()),
         })
     }
@@ -144,16 +177,34 @@ impl Peer {
 
     /// Queues `frame` on `lane`; wakes that lane's dialer if it has no connection. A frame
     /// to this node itself is handled at once, as if it had arrived.
-    fn send_on(&self, lane: Lane, frame: Frame) -> Result<(), Full> {
+    fn send_on(&self, lane: Lane, frame: Frame) -> Result<(), NotQueued> {
         if self.loopback {
-            // A message to this node itself: decode and deliver now, in order, as if it had
-            // arrived (same encoding, same reply path).
-            if let Some(node) = self.node.upgrade() {
-                let me = node.local.me.node_id.clone();
-                node.handle_frame(self, lane, &me, frame, &mut LookupCache::default());
-            }
+            self.handle_here(lane, frame);
             return Ok(());
         }
+        self.push_frame(lane, &frame)
+    }
+
+    /// A frame to this node itself: decoded and delivered now, in order, as if it had
+    /// arrived (same encoding, same reply path).
+    fn handle_here(&self, lane: Lane, frame: Frame) {
+        if let Some(node) = self.node.upgrade() {
+            let me = node.local.me.node_id.clone();
+            node.handle_frame(self, lane, &me, frame, &mut LookupCache::default());
+        }
+    }
+
+    /// Encodes `frame` and queues it on `lane` (no loopback handling).
+    fn push_frame(&self, lane: Lane, frame: &Frame) -> Result<(), NotQueued> {
+        with_scratch(&FRAME_SCRATCH, |buf| {
+            encode_frame(frame, buf, self.max_frame_len).map_err(NotQueued::Encode)?;
+            Ok(self.push_encoded(lane, buf)?)
+        })
+    }
+
+    /// Queues an encoded frame (length prefix and body) on `lane`; wakes that lane's dialer
+    /// if it has no connection.
+    fn push_encoded(&self, lane: Lane, frame: &[u8]) -> Result<(), Full> {
         let link = self.link(lane);
         link.queue.push(frame)?;
         if !link.connected.load(Ordering::Acquire) {
@@ -162,9 +213,19 @@ impl Peer {
         Ok(())
     }
 
-    /// Queues a user frame (message, reply) on the user lane.
-    pub(crate) fn send_user(&self, frame: Frame) -> Result<(), Full> {
-        self.send_on(Lane::User, frame)
+    /// Queues an encoded message frame (built with [`crate::frame::begin_message`]) on the
+    /// user lane, or on the control lane if `control`. A message to this node itself is
+    /// handled at once, as if it had arrived.
+    pub(crate) fn send_message(&self, frame: &[u8], control: bool) -> Result<(), Full> {
+        let lane = if control { Lane::Control } else { Lane::User };
+        if self.loopback {
+            match Frame::decode_body(Bytes::copy_from_slice(&frame[4..])) {
+                Ok(f) => self.handle_here(lane, f),
+                Err(e) => tracing::error!("a message to this node failed to decode: {e}"),
+            }
+            return Ok(());
+        }
+        self.push_encoded(lane, frame)
     }
 
     /// Whether a user frame would be refused now (a message to this node itself never is).
@@ -173,10 +234,21 @@ impl Peer {
     }
 
     /// Queues a reply or reply failure; a full lane drops it with an error log (the asker
-    /// times out).
+    /// times out). A reply too large to send fails the asker's slot instead.
     pub(crate) fn send_reply(&self, frame: Frame) {
-        if self.send_user(frame).is_err() {
-            if let Some(node) = self.node.upgrade() {
+        let failed_id = match &frame {
+            Frame::Reply { id, .. } => Some(*id),
+            _ => None,
+        };
+        let err = match self.send_on(Lane::User, frame) {
+            Ok(()) => return,
+            Err(e) => e,
+        };
+        let Some(node) = self.node.upgrade() else {
+            return;
+        };
+        match err {
+            NotQueued::Full => {
                 let n = node.counters.bump(
                     &node.counters.dropped_queue_full,
                     "shardik_remote_dropped_queue_full_total",
@@ -185,26 +257,28 @@ impl Peer {
                     tracing::error!(peer = %self.addr, total = n, "outbound queue full: reply dropped; the asker will time out");
                 }
             }
+            NotQueued::Encode(e) => {
+                node.counters.bump(
+                    &node.counters.dropped_too_large,
+                    "shardik_remote_dropped_too_large_total",
+                );
+                tracing::error!(peer = %self.addr, "reply not sent: {e}");
+                if let Some(id) = failed_id {
+                    self.send_reply(Frame::ReplyFailed {
+                        ids: vec![id],
+                        failure: ReplyFailure::Undeliverable,
+                        reason: format!("the reply could not be sent: {e}"),
+                    });
+                }
+            }
         }
     }
 
     /// Queues a heartbeat answer on `lane`; a full lane drops it with a warning.
     pub(crate) fn send_heartbeat_ack(&self, lane: Lane, seq: u64) {
-        if self
-            .link(lane)
-            .queue
-            .push(Frame::HeartbeatAck(seq))
-            .is_err()
-        {
+        if self.push_frame(lane, &Frame::HeartbeatAck(seq)).is_err() {
             tracing::warn!(peer = %self.addr, lane = lane.as_str(), "lane full: heartbeat answer dropped");
         }
-    }
-
-    /// Queues a message frame on the control lane ([`RemoteRef::try_tell_control`]).
-    ///
-    /// [`RemoteRef::try_tell_control`]: crate::RemoteRef::try_tell_control
-    pub(crate) fn send_control_msg(&self, frame: Frame) -> Result<(), Full> {
-        self.send_on(Lane::Control, frame)
     }
 
     /// Queues heartbeat `seq` on `lane` and remembers when.
@@ -217,7 +291,7 @@ impl Peer {
             }
             hb.push_back((seq, Instant::now()));
         }
-        if link.queue.push(Frame::Heartbeat(seq)).is_err() {
+        if self.push_frame(lane, &Frame::Heartbeat(seq)).is_err() {
             tracing::warn!(peer = %self.addr, lane = lane.as_str(), "lane full: heartbeat dropped");
         }
     }

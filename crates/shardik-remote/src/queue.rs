@@ -1,12 +1,18 @@
 //! The outbound queue of one lane toward one peer: bounded, with the drop-newest overflow
 //! policy, drained by the writer of that lane's connection.
+//!
+//! The queue holds frames already encoded, length prefix included, in the bytes the writer
+//! hands to the socket: a sender encodes its frame on its own thread (into a per-thread
+//! scratch buffer, outside the lock) and appends it under the lock with one copy. The bytes
+//! are kept in *segments* of at most `per_write` frames each; the writer takes the oldest
+//! segment and writes it with one `write_all`, then gives its buffer back for reuse. So a
+//! message costs the sender no allocation and the writer no per-frame work.
 
 use std::collections::VecDeque;
 
+use bytes::BytesMut;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-
-use crate::frame::Frame;
 
 /// Why a frame was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,56 +21,109 @@ pub(crate) enum Full {
     Full,
 }
 
+/// Encoded frames the writer writes with one `write_all`.
+#[derive(Debug, Default)]
+pub(crate) struct Segment {
+    /// Whole frames, length prefixes included.
+    pub(crate) bytes: BytesMut,
+    /// How many frames `bytes` holds.
+    pub(crate) frames: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    segments: VecDeque<Segment>,
+    /// Frames in all segments.
+    frames: usize,
+    /// Emptied buffers the writer gave back.
+    spare: Vec<BytesMut>,
+}
+
+/// A buffer that grew past this is freed after its write instead of kept for reuse.
+const KEEP_CAPACITY: usize = 4 << 20;
+/// Buffers kept for reuse.
+const KEEP_SPARE: usize = 2;
+
 pub(crate) struct OutQueue {
-    frames: Mutex<VecDeque<Frame>>,
+    inner: Mutex<Inner>,
     cap: usize,
+    per_write: usize,
     /// Wakes the writer (one waiter at a time; a notification without a waiter is kept).
     pub(crate) ready: Notify,
 }
 
 impl OutQueue {
-    pub(crate) fn new(cap: usize) -> Self {
+    /// A queue of at most `cap` frames, cut into writes of at most `per_write` frames.
+    pub(crate) fn new(cap: usize, per_write: usize) -> Self {
         OutQueue {
-            frames: Mutex::new(VecDeque::new()),
+            inner: Mutex::new(Inner::default()),
             cap,
+            per_write: per_write.max(1),
             ready: Notify::new(),
         }
     }
 
-    /// Queues a frame, or refuses it if the queue is full.
-    pub(crate) fn push(&self, frame: Frame) -> Result<(), Full> {
-        {
-            let mut q = self.frames.lock();
-            if q.len() >= self.cap {
+    /// Queues one encoded frame (`frame` is its length prefix and body), or refuses it if
+    /// the queue is full.
+    pub(crate) fn push(&self, frame: &[u8]) -> Result<(), Full> {
+        let was_empty = {
+            let mut q = self.inner.lock();
+            if q.frames >= self.cap {
                 return Err(Full::Full);
             }
-            q.push_back(frame);
+            let was_empty = q.frames == 0;
+            let open = q.segments.back().is_some_and(|s| s.frames < self.per_write);
+            if !open {
+                let bytes = q.spare.pop().unwrap_or_default();
+                q.segments.push_back(Segment { bytes, frames: 0 });
+            }
+            let seg = q.segments.back_mut().expect("a segment is open");
+            seg.bytes.extend_from_slice(frame);
+            seg.frames += 1;
+            q.frames += 1;
+            was_empty
+        };
+        // The writer takes segments until the queue is empty before it waits again, so only
+        // the push that makes the queue non-empty needs to wake it.
+        if was_empty {
+            self.ready.notify_one();
         }
-        self.ready.notify_one();
         Ok(())
     }
 
     /// Whether a push would be refused now.
     pub(crate) fn is_full(&self) -> bool {
-        self.frames.lock().len() >= self.cap
+        self.inner.lock().frames >= self.cap
     }
 
-    /// Moves up to `max` frames, oldest first, into `out`. Returns how many.
-    pub(crate) fn take_batch(&self, out: &mut Vec<Frame>, max: usize) -> usize {
-        let mut q = self.frames.lock();
-        let n = q.len().min(max);
-        out.extend(q.drain(..n));
-        n
+    /// Takes the oldest segment, if any.
+    pub(crate) fn take(&self) -> Option<Segment> {
+        let mut q = self.inner.lock();
+        let seg = q.segments.pop_front()?;
+        q.frames -= seg.frames;
+        Some(seg)
+    }
+
+    /// Gives a written segment's buffer back for reuse.
+    pub(crate) fn recycle(&self, mut bytes: BytesMut) {
+        if bytes.capacity() > KEEP_CAPACITY {
+            return;
+        }
+        bytes.clear();
+        let mut q = self.inner.lock();
+        if q.spare.len() < KEEP_SPARE {
+            q.spare.push(bytes);
+        }
     }
 
     /// True if nothing waits.
     pub(crate) fn is_empty(&self) -> bool {
-        self.frames.lock().is_empty()
+        self.inner.lock().frames == 0
     }
 
     /// Frames waiting.
     pub(crate) fn len(&self) -> usize {
-        self.frames.lock().len()
+        self.inner.lock().frames
     }
 }
 
@@ -73,19 +132,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bounded_drop_newest_and_fifo_batches() {
-        let q = OutQueue::new(2);
-        q.push(Frame::Heartbeat(100)).unwrap();
-        q.push(Frame::Heartbeat(101)).unwrap();
+    fn bounded_drop_newest_and_fifo_segments() {
+        let q = OutQueue::new(3, 2);
+        q.push(b"a").unwrap();
+        q.push(b"b").unwrap();
+        q.push(b"c").unwrap();
         assert!(q.is_full());
-        assert_eq!(q.push(Frame::Heartbeat(102)), Err(Full::Full));
-        let mut out = Vec::new();
-        assert_eq!(q.take_batch(&mut out, 1), 1);
-        assert_eq!(out, vec![Frame::Heartbeat(100)]);
-        out.clear();
+        assert_eq!(q.push(b"d"), Err(Full::Full));
+        assert_eq!(q.len(), 3);
+        let first = q.take().unwrap();
+        assert_eq!((&first.bytes[..], first.frames), (&b"ab"[..], 2));
         assert_eq!(q.len(), 1);
-        q.take_batch(&mut out, 10);
-        assert_eq!(out, vec![Frame::Heartbeat(101)]);
+        q.recycle(first.bytes);
+        q.push(b"e").unwrap();
+        let second = q.take().unwrap();
+        assert_eq!((&second.bytes[..], second.frames), (&b"ce"[..], 2));
         assert!(q.is_empty());
+        assert!(q.take().is_none());
+    }
+
+    #[test]
+    fn recycled_buffers_are_reused_empty() {
+        let q = OutQueue::new(10, 1);
+        q.push(b"xyz").unwrap();
+        let seg = q.take().unwrap();
+        let cap = seg.bytes.capacity();
+        q.recycle(seg.bytes);
+        q.push(b"k").unwrap();
+        let again = q.take().unwrap();
+        assert_eq!(&again.bytes[..], b"k");
+        assert_eq!(again.bytes.capacity(), cap);
+    }
+
+    #[test]
+    fn only_the_push_that_fills_an_empty_queue_wakes_the_writer() {
+        use futures_util::FutureExt;
+        let q = OutQueue::new(10, 10);
+        q.push(b"1").unwrap();
+        q.push(b"2").unwrap();
+        // One stored permit from the first push ...
+        assert!(q.ready.notified().now_or_never().is_some());
+        // ... and none from the second.
+        assert!(q.ready.notified().now_or_never().is_none());
+        assert_eq!(q.take().unwrap().frames, 2);
+        q.push(b"3").unwrap();
+        assert!(q.ready.notified().now_or_never().is_some());
     }
 }

@@ -6,17 +6,20 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use shardik_actor::wire::{with_wire_context, PayloadFormat};
+use shardik_actor::wire::with_wire_context;
 use shardik_actor::{AskError, ReplyTo};
 use tokio::sync::oneshot;
 
-use crate::frame::{Envelope, Frame, ReplyFailure};
+use crate::error::FrameError;
+use crate::frame::{
+    begin_message, finish_frame, message_header, replace_message_header, ReplyFailure,
+};
 use crate::node::Node;
 use crate::peer::Peer;
 use crate::replies;
+use crate::scratch::with_scratch;
 use crate::stats::should_log;
 
 /// Why a message to a remote actor was not queued.
@@ -68,6 +71,8 @@ pub struct RemoteRef<M> {
     peer: Arc<Peer>,
     path: Arc<str>,
     type_tag: Arc<str>,
+    /// The encoded frame header of a message without reply slots.
+    header: Arc<[u8]>,
     _msg: PhantomData<fn(M)>,
 }
 
@@ -78,6 +83,7 @@ impl<M> Clone for RemoteRef<M> {
             peer: self.peer.clone(),
             path: self.path.clone(),
             type_tag: self.type_tag.clone(),
+            header: self.header.clone(),
             _msg: PhantomData,
         }
     }
@@ -94,11 +100,17 @@ impl<M> fmt::Debug for RemoteRef<M> {
 
 impl<M: Serialize + Send + 'static> RemoteRef<M> {
     pub(crate) fn new(node: Arc<Node>, peer: Arc<Peer>, path: Arc<str>) -> Self {
+        let type_tag: Arc<str> = std::any::type_name::<M>().into();
+        // Strings and an empty list into a `Vec`: serializing cannot fail.
+        let header = message_header(&path, None, &type_tag, &[])
+            .expect("a header of two strings encodes")
+            .into();
         RemoteRef {
             node,
             peer,
             path,
-            type_tag: std::any::type_name::<M>().into(),
+            type_tag,
+            header,
             _msg: PhantomData,
         }
     }
@@ -113,79 +125,94 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
         &self.peer.addr
     }
 
-    /// Encodes `msg` into a frame; returns the reply slots it exported.
-    fn encode(&self, msg: &M) -> Result<(Frame, Vec<u64>), SendError> {
+    /// Encodes `msg` into a whole frame, straight into a per-thread scratch buffer, and
+    /// queues it on the peer's user lane, or its control lane if `control`. `before_queue`
+    /// sees the reply slots the message exported just before the frame is queued. Returns
+    /// those slots; on any failure they are forgotten and the failure counted.
+    fn send(
+        &self,
+        msg: &M,
+        control: bool,
+        before_queue: impl FnOnce(&[u64]),
+    ) -> Result<Vec<u64>, SendError> {
         if self.node.is_shut_down() {
             return Err(SendError::ShutDown);
         }
         let format = &self.node.cfg.payload_format;
-        let (res, ids) =
-            replies::capture(|| with_wire_context(&self.peer.wire, || encode_payload(format, msg)));
-        let payload = match res {
-            Ok(p) => p,
-            Err(e) => {
+        let counters = &self.node.counters;
+        with_scratch(&SCRATCH, |buf| {
+            let (res, ids) = replies::capture(|| {
+                with_wire_context(&self.peer.wire, || {
+                    begin_message(buf, &self.header);
+                    format.encode_into(msg, buf)
+                })
+            });
+            if let Err(e) = res {
                 self.node.replies.forget(&ids);
-                self.node.counters.bump(
-                    &self.node.counters.encode_errors,
+                counters.bump(
+                    &counters.encode_errors,
                     "shardik_remote_encode_errors_total",
                 );
                 return Err(SendError::Encode(e));
             }
-        };
-        // Kind byte, header length, MessagePack overhead of the header (generous).
-        let len = payload.len() + self.path.len() + self.type_tag.len() + 9 * ids.len() + 32;
-        let max = self.node.cfg.max_frame_len;
-        if len > max {
-            self.node.replies.forget(&ids);
-            self.node.counters.bump(
-                &self.node.counters.dropped_too_large,
-                "shardik_remote_dropped_too_large_total",
-            );
-            return Err(SendError::TooLarge { len, max });
-        }
-        let frame = Frame::Message(Envelope {
-            recipient: self.path.clone(),
-            sender: None,
-            type_tag: self.type_tag.clone(),
-            reply_ids: ids.clone(),
-            payload,
-        });
-        Ok((frame, ids))
+            match self.finish_and_queue(buf, &ids, control, before_queue) {
+                Ok(()) => {
+                    counters
+                        .messages_sent
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Ok(ids)
+                }
+                Err(e) => {
+                    self.node.replies.forget(&ids);
+                    let (counter, name) = match &e {
+                        SendError::TooLarge { .. } => (
+                            &counters.dropped_too_large,
+                            "shardik_remote_dropped_too_large_total",
+                        ),
+                        SendError::QueueFull(_) => (
+                            &counters.dropped_queue_full,
+                            "shardik_remote_dropped_queue_full_total",
+                        ),
+                        _ => (
+                            &counters.encode_errors,
+                            "shardik_remote_encode_errors_total",
+                        ),
+                    };
+                    counters.bump(counter, name);
+                    Err(e)
+                }
+            }
+        })
     }
 
-    fn enqueue(&self, frame: Frame, ids: &[u64]) -> Result<(), SendError> {
-        self.enqueue_on(frame, ids, false)
-    }
-
-    /// Queues `frame` on the peer's user lane, or its control lane if `control`; on a full
-    /// lane forgets the reply slots `ids` and counts the drop.
-    fn enqueue_on(&self, frame: Frame, ids: &[u64], control: bool) -> Result<(), SendError> {
-        let queued = if control {
-            self.peer.send_control_msg(frame)
-        } else {
-            self.peer.send_user(frame)
-        };
-        if queued.is_err() {
-            self.node.replies.forget(ids);
-            self.node.counters.bump(
-                &self.node.counters.dropped_queue_full,
-                "shardik_remote_dropped_queue_full_total",
-            );
-            return Err(SendError::QueueFull(self.peer.addr.to_string()));
+    /// Puts the reply slots `ids` into the header of the message frame in `buf` (begun
+    /// without any), sets its length and queues it.
+    fn finish_and_queue(
+        &self,
+        buf: &mut Vec<u8>,
+        ids: &[u64],
+        control: bool,
+        before_queue: impl FnOnce(&[u64]),
+    ) -> Result<(), SendError> {
+        if !ids.is_empty() {
+            let header = message_header(&self.path, None, &self.type_tag, ids)
+                .map_err(|e| SendError::Encode(e.to_string()))?;
+            replace_message_header(buf, self.header.len(), &header);
         }
-        self.node
-            .counters
-            .messages_sent
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        finish_frame(buf, self.node.cfg.max_frame_len).map_err(|e| match e {
+            FrameError::TooLarge { len, max } => SendError::TooLarge { len, max },
+            other => SendError::Encode(other.to_string()),
+        })?;
+        before_queue(ids);
+        self.peer
+            .send_message(buf, control)
+            .map_err(|_| SendError::QueueFull(self.peer.addr.to_string()))
     }
 
     /// Queues `msg` for the remote actor, or says why it was refused (nothing is recorded
     /// as a dead letter).
     pub fn try_tell(&self, msg: M) -> Result<(), SendError> {
-        let (frame, ids) = self.encode(&msg)?;
-        drop(msg);
-        self.enqueue(frame, &ids)
+        self.send(&msg, false, |_| {}).map(drop)
     }
 
     /// Like [`try_tell`](Self::try_tell), but a message refused because the user lane is full
@@ -221,9 +248,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
     /// ones. Messages sent with `tell` and `tell_control` to the same actor are not ordered
     /// with respect to each other; each kind keeps its own order.
     pub fn try_tell_control(&self, msg: M) -> Result<(), SendError> {
-        let (frame, ids) = self.encode(&msg)?;
-        drop(msg);
-        self.enqueue_on(frame, &ids, true)
+        self.send(&msg, true, |_| {}).map(drop)
     }
 
     /// [`try_tell_control`](Self::try_tell_control), recording a refused message as a dead
@@ -278,18 +303,19 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
     {
         let (reply_to, rx) = ReplyTo::channel();
         let msg = make(reply_to);
-        let (frame, ids) = match self.encode(&msg) {
-            Ok(x) => x,
+        let (fail_tx, fail_rx) = oneshot::channel();
+        // The failure callback is in place before the request is queued: a request to this
+        // node itself is handled, and may fail, before `send` returns.
+        let sent = self.send(&msg, false, |ids| {
+            if let Some(&first) = ids.first() {
+                self.node.replies.on_fail(first, fail_tx);
+            }
+        });
+        drop(msg);
+        let ids = match sent {
+            Ok(ids) => ids,
             Err(e) => return Err(AskError::Undeliverable(e.to_string())),
         };
-        drop(msg);
-        let (fail_tx, fail_rx) = oneshot::channel();
-        if let Some(&first) = ids.first() {
-            self.node.replies.on_fail(first, fail_tx);
-        }
-        if let Err(e) = self.enqueue(frame, &ids) {
-            return Err(AskError::Undeliverable(e.to_string()));
-        }
         let wait = async move {
             let mut rx = rx;
             let mut fail_rx = Some(fail_rx);
@@ -380,26 +406,6 @@ fn ask_error(failure: ReplyFailure, reason: String) -> AskError {
 }
 
 thread_local! {
-    /// A scratch buffer per thread for [`encode_payload`].
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Encodes `msg` in `format` into exactly-sized [`Bytes`]: serialized into a reused
-/// per-thread buffer first, then copied once. Serializing into a fresh `Vec` grew it step by
-/// step (several reallocations for a 100-byte message) and left spare capacity that made the
-/// conversion to `Bytes` allocate once more.
-fn encode_payload<M: Serialize>(format: &PayloadFormat, msg: &M) -> Result<Bytes, String> {
-    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut buf) => {
-            buf.clear();
-            let res = format.encode_into(msg, &mut buf);
-            let out = res.map(|()| Bytes::copy_from_slice(&buf));
-            if buf.capacity() > 64 * 1024 {
-                *buf = Vec::new();
-            }
-            out
-        }
-        // A message whose serialization sends another message on this thread.
-        Err(_) => format.encode(msg).map(Bytes::from),
-    })
+    /// A scratch buffer per thread that a message frame is built in.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }

@@ -139,6 +139,55 @@ async fn a_message_over_the_senders_own_limit_is_refused_at_the_sender() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_over_the_repliers_limit_fails_the_ask_at_once() {
+    #[derive(Serialize, Deserialize)]
+    struct Give {
+        size: usize,
+        reply: shardik_actor::ReplyTo<Vec<u8>>,
+    }
+    struct Giver;
+    impl shardik_actor::Actor for Giver {
+        type Msg = Give;
+        async fn handle(
+            &mut self,
+            msg: Give,
+            _ctx: &mut shardik_actor::Context<Self>,
+        ) -> Result<(), shardik_actor::ActorError> {
+            msg.reply.reply(vec![7; msg.size]);
+            Ok(())
+        }
+    }
+    let (_sys_a, a) = node("a").await;
+    let (sys_b, b) = node_with(config("b").max_frame_len(16 * 1024)).await;
+    b.register("/user/giver", sys_b.spawn(Giver));
+    let giver = a.lookup::<Give>("/user/giver", b.addr());
+    // Far longer than the test's patience: a timeout would fail the test, not pass it.
+    let patience = Duration::from_secs(3600);
+    let res = tokio::time::timeout(
+        T,
+        giver.ask(
+            |reply| Give {
+                size: 32 * 1024,
+                reply,
+            },
+            patience,
+        ),
+    )
+    .await
+    .expect("the ask fails at once instead of waiting for its timeout");
+    match res {
+        Err(AskError::Undeliverable(why)) => {
+            assert!(why.contains("could not be sent"), "{why}")
+        }
+        other => panic!("expected Undeliverable, got {:?}", other.map(|v| v.len())),
+    }
+    assert_eq!(b.stats().dropped_too_large, 1);
+    // The same connection still carries answers that fit.
+    let small = giver.ask(|reply| Give { size: 100, reply }, T).await;
+    assert_eq!(small, Ok(vec![7; 100]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_recipient_fails_the_ask_and_keeps_the_connection() {
     let (_sys_a, a) = node("a").await;
     let (sys_b, b) = node("b").await;

@@ -176,38 +176,43 @@ where
         ready: Notify::new(),
         closed: AtomicBool::new(false),
     });
-    let writer = tokio::spawn(write_loop(queue.clone(), w));
+    // The writer runs in this task, next to the read of the answer (not as a task of its
+    // own): a TLS stream split with `tokio::io::split` is not guaranteed to wake two tasks
+    // that use its halves at once (tokio-rs/tls#40), and one task polling both halves needs
+    // no such guarantee.
+    let writer = write_loop(queue.clone(), w);
     let start = Instant::now();
-    let tasks: Vec<_> = (0..senders)
-        .map(|_| {
-            let queue = queue.clone();
-            let payload = payload.clone();
-            tokio::spawn(async move {
-                for _ in 0..per_sender {
-                    push(&queue, Out::Data(payload.clone())).await;
-                }
+    let count = async {
+        let tasks: Vec<_> = (0..senders)
+            .map(|_| {
+                let queue = queue.clone();
+                let payload = payload.clone();
+                tokio::spawn(async move {
+                    for _ in 0..per_sender {
+                        push(&queue, Out::Data(payload.clone())).await;
+                    }
+                })
             })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("raw sender task");
-    }
-    push(&queue, Out::Count).await;
-    let mut answer = [0u8; 13];
-    r.read_exact(&mut answer)
-        .await
-        .expect("the raw server answers the count");
-    let secs = start.elapsed().as_secs_f64();
+            .collect();
+        for t in tasks {
+            t.await.expect("raw sender task");
+        }
+        push(&queue, Out::Count).await;
+        let mut answer = [0u8; 13];
+        r.read_exact(&mut answer)
+            .await
+            .expect("the raw server answers the count");
+        let secs = start.elapsed().as_secs_f64();
+        queue.closed.store(true, Ordering::Release);
+        queue.ready.notify_one();
+        (answer, secs)
+    };
+    let (written, (answer, secs)) = tokio::join!(writer, count);
+    written.expect("raw writer wrote");
     let mut a = &answer[..];
     assert_eq!((a.get_u32(), a.get_u8()), (9, COUNT), "raw count frame");
     let counted = a.get_u64();
     assert_eq!(counted, senders as u64 * per_sender, "raw server count");
-    queue.closed.store(true, Ordering::Release);
-    queue.ready.notify_one();
-    writer
-        .await
-        .expect("raw writer task")
-        .expect("raw writer wrote");
     counted as f64 / secs
 }
 
