@@ -287,10 +287,15 @@ pub(crate) fn begin_message(dst: &mut Vec<u8>, header: &[u8]) {
 /// Swaps the header of the message frame begun in `dst` (whose current header is
 /// `old_len` bytes long) for `header`, keeping the payload after it.
 pub(crate) fn replace_message_header(dst: &mut Vec<u8>, old_len: usize, header: &[u8]) {
-    dst.splice(
-        MESSAGE_PREFIX..MESSAGE_PREFIX + old_len,
-        header.iter().copied(),
-    );
+    let payload = MESSAGE_PREFIX + old_len..dst.len();
+    let payload_len = payload.len();
+    let at = MESSAGE_PREFIX + header.len();
+    if header.len() > old_len {
+        dst.resize(at + payload_len, 0);
+    }
+    dst.copy_within(payload, at);
+    dst.truncate(at + payload_len);
+    dst[MESSAGE_PREFIX..at].copy_from_slice(header);
     dst[5..MESSAGE_PREFIX].copy_from_slice(&(header.len() as u32).to_be_bytes());
 }
 
@@ -561,6 +566,24 @@ pub(crate) mod tests {
                 reason: "unknown recipient".into(),
             },
         ]
+    }
+
+    #[test]
+    fn a_replaced_header_keeps_the_payload_whether_it_grows_or_shrinks() {
+        for (old, new) in [
+            (&b"abcdef"[..], &b"ab"[..]),
+            (b"ab", b"abcdefgh"),
+            (b"abc", b"xyz"),
+        ] {
+            let mut buf = Vec::new();
+            begin_message(&mut buf, old);
+            buf.extend_from_slice(b"PAYLOAD");
+            replace_message_header(&mut buf, old.len(), new);
+            let mut expected = Vec::new();
+            begin_message(&mut expected, new);
+            expected.extend_from_slice(b"PAYLOAD");
+            assert_eq!(buf, expected);
+        }
     }
 
     #[test]

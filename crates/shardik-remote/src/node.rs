@@ -921,6 +921,22 @@ async fn heartbeat_loop(every: Duration, peer: Arc<Peer>, lane: Lane, cancel: Ca
     }
 }
 
+/// Returns `Pending` once, waking its own task first: the task goes to the back of its
+/// worker's run queue, behind the tasks already runnable there. (`tokio::task::yield_now`
+/// defers the wake-up until the worker next polls the I/O driver: a syscall.)
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if std::mem::replace(&mut yielded, true) {
+            std::task::Poll::Ready(())
+        } else {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Drains the `lane` queue of the peer: each segment of already encoded frames (up to
 /// `write_batch_frames` user frames, or every queued control frame) is written with one
 /// `write_all`, and its buffer goes back to the queue for reuse.
@@ -933,14 +949,26 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     cancel: CancellationToken,
 ) {
     let queue = &peer.link(lane).queue;
+    // Whether the last write carried more than one frame: traffic comes in bursts.
+    let mut bursty = false;
     loop {
         let Some(segment) = queue.take() else {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,
-                _ = queue.ready.notified() => continue,
+                _ = queue.ready.notified() => {}
             }
+            // Woken by the first frame of what is likely a burst: let the tasks already
+            // runnable on this worker (actors answering the rest of a burst of requests,
+            // senders mid-loop) queue theirs first, so one syscall carries them all. Not
+            // when frames come one at a time (sequential asks), where it would only add
+            // latency: yielding can wake an idle worker.
+            if bursty {
+                yield_once().await;
+            }
+            continue;
         };
+        bursty = segment.frames > 1;
         let cut = node
             .cfg
             .faults
