@@ -7,7 +7,7 @@
 //! whole batch. A refused write therefore writes nothing and needs no savepoint; an
 //! unexpected SQLite error rolls the whole batch back and every write in it gets the error.
 
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -37,23 +37,26 @@ const WRITE_STATE: &str = "INSERT OR REPLACE INTO durable_state
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 const DELETE_STATE: &str = "DELETE FROM durable_state WHERE persistence_id = ?1";
 
-/// WAL frames after which the writer asks for a checkpoint (SQLite's default
-/// `wal_autocheckpoint`).
+/// WAL frames after which the writer checkpoints (SQLite's default `wal_autocheckpoint`).
+///
+/// The writer does it itself, between two batches: a checkpoint that runs while no write
+/// is in progress copies the whole WAL, so the next transaction starts the WAL over from the
+/// beginning of the file. A checkpointer on its own thread (as before) never caught up with
+/// a writer that commits all the time, so the WAL was seldom started over: it grew to
+/// gigabytes in the benchmark, every page lookup searched a longer WAL index, and the
+/// checkpointer competed with the writer for the CPU.
 const CHECKPOINT_FRAMES: i32 = 1000;
 
-/// Runs until every sender is gone, writing batches of at most `max_batch` operations.
-/// Asks `checkpoint` for a checkpoint when the WAL has grown by [`CHECKPOINT_FRAMES`].
+/// Runs until every sender is gone, writing batches of at most `max_batch` operations, and
+/// checkpointing after any batch that left [`CHECKPOINT_FRAMES`] or more in the WAL.
 pub(super) fn run(
     mut conn: Connection,
     ops: Receiver<Op>,
     max_batch: usize,
     counters: &Counters,
-    checkpoint: SyncSender<()>,
     replier: &Replier,
 ) {
     conn.wal_hook(Some(wal_grew));
-    // The hook cannot capture: it reaches the checkpointer through this thread's slot.
-    CHECKPOINTER.with(|c| *c.borrow_mut() = Some(checkpoint));
     let mut batch = Vec::with_capacity(max_batch);
     while let Ok(first) = ops.recv() {
         batch.push(first);
@@ -65,6 +68,13 @@ pub(super) fn run(
         }
         counters.batch(batch.len(), "sqlite");
         replier.answer(write_batch(&mut conn, std::mem::take(&mut batch)));
+        if CHECKPOINT_DUE.with(|due| due.replace(false)) {
+            // Passive: it never waits for readers (or another process's writer); whatever
+            // they still need stays in the WAL until a later checkpoint.
+            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                tracing::warn!(error = %e, "SQLite checkpoint failed");
+            }
+        }
     }
 }
 
@@ -123,31 +133,16 @@ impl Replier {
 }
 
 thread_local! {
-    static CHECKPOINTER: std::cell::RefCell<Option<SyncSender<()>>> =
-        const { std::cell::RefCell::new(None) };
+    /// Set by [`wal_grew`] (which cannot capture) on the writer's thread.
+    static CHECKPOINT_DUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Called by SQLite after each commit with the WAL's size in frames.
 fn wal_grew(_: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
     if frames >= CHECKPOINT_FRAMES {
-        CHECKPOINTER.with(|c| {
-            if let Some(c) = &*c.borrow() {
-                // Full: a checkpoint is already pending, it will cover these frames too.
-                let _ = c.try_send(());
-            }
-        });
+        CHECKPOINT_DUE.with(|due| due.set(true));
     }
     Ok(())
-}
-
-/// The checkpointer thread: a passive checkpoint (it never blocks the writer or readers)
-/// whenever the writer asks, until the writer stops.
-pub(super) fn checkpoint(conn: Connection, requests: Receiver<()>) {
-    while requests.recv().is_ok() {
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(error = %e, "SQLite checkpoint failed");
-        }
-    }
 }
 
 /// One transaction for the whole batch: read the positions, check every write, write the
@@ -289,4 +284,56 @@ fn execute(c: &Connection, plan: &Plan<'_>) -> rusqlite::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::codec::Payload;
+    use crate::record::AppendRequest;
+    use crate::sqlite::SqliteStore;
+    use crate::store::Journal;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_wal_is_started_over_while_writes_keep_coming() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal.db");
+        let store = Arc::new(SqliteStore::open(&path).unwrap());
+        // 200 streams appending one event at a time: the writer commits all the time.
+        let mut tasks = tokio::task::JoinSet::new();
+        for s in 0..200 {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let payload = Payload::encode_as("n", 1, &s).unwrap();
+                for seq in 0..150 {
+                    store
+                        .append(AppendRequest {
+                            persistence_id: format!("wal|{s}"),
+                            expected_seq_nr: seq,
+                            writer: 1,
+                            events: vec![payload.clone()],
+                        })
+                        .await
+                        .unwrap();
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        let stats = store.writer_stats();
+        assert_eq!(stats.writes, 200 * 150);
+        // Started over after each checkpoint: the file never held much more than
+        // CHECKPOINT_FRAMES frames (plus one batch's).
+        let wal = std::fs::metadata(dir.path().join("wal.db-wal"))
+            .unwrap()
+            .len();
+        let page = 4096 + 24;
+        assert!(
+            wal < 2 * super::CHECKPOINT_FRAMES as u64 * page,
+            "WAL of {wal} bytes after {} transactions",
+            stats.transactions
+        );
+    }
 }
