@@ -2,10 +2,10 @@
 //!
 //! Writes go to one writer thread that groups whatever is queued into one transaction, so
 //! many entities persisting at once share an fsync; a task on the callers' runtime answers
-//! them, off the writer's path. The writer copies the WAL into the database file itself
-//! (a checkpoint) between batches, once the batch's callers are answered. Reads run on a
-//! small pool of read connections inside `spawn_blocking`; in WAL mode they do not wait
-//! for the writer.
+//! them, and a checkpointer thread copies the WAL into the database file, both off the
+//! writer's path (the writer only finishes a checkpoint when the WAL has grown long, so that
+//! SQLite starts it over). Reads run on a small pool of read connections inside
+//! `spawn_blocking`; in WAL mode they do not wait for the writer.
 
 mod schema;
 mod sharding;
@@ -108,9 +108,24 @@ impl SqliteStore {
         let conns = (0..options.readers.max(1))
             .map(|_| connect(&path, sync).map(Mutex::new))
             .collect::<Result<_, _>>()?;
-        // The writer checkpoints itself, between batches (see `writer`), not inside commits.
+        // Checkpoints (copying the WAL into the database file) run on their own thread and
+        // connection, so the writer does not pay for them inside its batches; the writer only
+        // finishes one when the WAL has grown long (see `writer`).
         conn.execute_batch("PRAGMA wal_autocheckpoint=0;")
             .map_err(backend)?;
+        let checkpointer = connect(&path, sync)?;
+        let (requests, checkpoints) = mpsc::sync_channel(1);
+        let running = Arc::new(Mutex::new(()));
+        let checkpoint = writer::Checkpoints {
+            requests,
+            running: running.clone(),
+        };
+        std::thread::Builder::new()
+            .name("shardik-sqlite-checkpoint".into())
+            .spawn(move || writer::checkpoint(checkpointer, checkpoints, &running))
+            .map_err(|e| {
+                StoreError::Backend(format!("cannot start the SQLite checkpointer: {e}"))
+            })?;
         let (writes, ops) = mpsc::channel();
         let max_batch = options.max_batch.max(1);
         let stats = Arc::new(Counters::default());
@@ -119,7 +134,7 @@ impl SqliteStore {
         let route = replier.clone();
         std::thread::Builder::new()
             .name("shardik-sqlite-writer".into())
-            .spawn(move || writer::run(conn, ops, max_batch, &counters, &route))
+            .spawn(move || writer::run(conn, ops, max_batch, &counters, checkpoint, &route))
             .map_err(|e| StoreError::Backend(format!("cannot start the SQLite writer: {e}")))?;
         Ok(SqliteStore {
             path,

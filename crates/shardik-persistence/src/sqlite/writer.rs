@@ -7,9 +7,11 @@
 //! whole batch. A refused write therefore writes nothing and needs no savepoint; an
 //! unexpected SQLite error rolls the whole batch back and every write in it gets the error.
 
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -37,26 +39,46 @@ const WRITE_STATE: &str = "INSERT OR REPLACE INTO durable_state
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 const DELETE_STATE: &str = "DELETE FROM durable_state WHERE persistence_id = ?1";
 
-/// WAL frames after which the writer checkpoints (SQLite's default `wal_autocheckpoint`).
-///
-/// The writer does it itself, between two batches: a checkpoint that runs while no write
-/// is in progress copies the whole WAL, so the next transaction starts the WAL over from the
-/// beginning of the file. A checkpointer on its own thread (as before) never caught up with
-/// a writer that commits all the time, so the WAL was seldom started over: it grew to
-/// gigabytes in the benchmark, every page lookup searched a longer WAL index, and the
-/// checkpointer competed with the writer for the CPU.
+/// WAL frames after which the writer asks the checkpointer for a (passive) checkpoint
+/// (SQLite's default `wal_autocheckpoint`).
 const CHECKPOINT_FRAMES: i32 = 1000;
 
-/// Runs until every sender is gone, writing batches of at most `max_batch` operations, and
-/// checkpointing after any batch that left [`CHECKPOINT_FRAMES`] or more in the WAL.
+/// WAL frames beyond which the writer finishes a checkpoint itself, between two batches.
+///
+/// SQLite starts the WAL over (writes from the start of the file again) only once a
+/// checkpoint has copied all of it, and the checkpointer's passive checkpoints, beside a
+/// writer that commits all the time, seldom do: the WAL then grew without bound (hundreds of
+/// megabytes to gigabytes in the benchmark). A checkpoint run by the writer while no write
+/// is in progress copies the rest (only the frames the checkpointer has not copied yet), so
+/// the next transaction starts the WAL over. The checkpointer still does most of the
+/// copying, beside the writer: checkpointing only in the writer (tried on 2026-11-25) kept
+/// the WAL at a few megabytes but cost 10-25% of the benchmark's throughput with 10 000
+/// entities.
+const RESTART_FRAMES: i32 = 8 * CHECKPOINT_FRAMES;
+
+/// The writer's side of the checkpointer.
+pub(super) struct Checkpoints {
+    /// Asks for a passive checkpoint (full: one is pending already).
+    pub(super) requests: SyncSender<()>,
+    /// Held while either checkpoints: the writer does not start one while the checkpointer
+    /// runs (SQLite would refuse it), it tries again after its next batch.
+    pub(super) running: Arc<Mutex<()>>,
+}
+
+/// Runs until every sender is gone, writing batches of at most `max_batch` operations.
+/// Asks `checkpoints` for a checkpoint when the WAL has grown by [`CHECKPOINT_FRAMES`], and
+/// finishes one itself after a batch that left [`RESTART_FRAMES`] or more in it.
 pub(super) fn run(
     mut conn: Connection,
     ops: Receiver<Op>,
     max_batch: usize,
     counters: &Counters,
+    checkpoints: Checkpoints,
     replier: &Replier,
 ) {
     conn.wal_hook(Some(wal_grew));
+    // The hook cannot capture: it reaches the checkpointer through this thread's slot.
+    CHECKPOINTER.with(|c| *c.borrow_mut() = Some(checkpoints.requests));
     let mut batch = Vec::with_capacity(max_batch);
     while let Ok(first) = ops.recv() {
         batch.push(first);
@@ -68,13 +90,20 @@ pub(super) fn run(
         }
         counters.batch(batch.len(), "sqlite");
         replier.answer(write_batch(&mut conn, std::mem::take(&mut batch)));
-        if CHECKPOINT_DUE.with(|due| due.replace(false)) {
-            // Passive: it never waits for readers (or another process's writer); whatever
-            // they still need stays in the WAL until a later checkpoint.
-            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                tracing::warn!(error = %e, "SQLite checkpoint failed");
+        if RESTART_DUE.with(std::cell::Cell::get) {
+            if let Some(_running) = checkpoints.running.try_lock() {
+                RESTART_DUE.with(|due| due.set(false));
+                passive_checkpoint(&conn);
             }
         }
+    }
+}
+
+/// A passive checkpoint: it never waits for readers (or another process's writer); whatever
+/// they still need stays in the WAL for a later one.
+fn passive_checkpoint(conn: &Connection) {
+    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::warn!(error = %e, "SQLite checkpoint failed");
     }
 }
 
@@ -133,16 +162,44 @@ impl Replier {
 }
 
 thread_local! {
-    /// Set by [`wal_grew`] (which cannot capture) on the writer's thread.
-    static CHECKPOINT_DUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static CHECKPOINTER: std::cell::RefCell<Option<SyncSender<()>>> =
+        const { std::cell::RefCell::new(None) };
+    /// Set by [`wal_grew`] on the writer's thread, cleared by the writer's own checkpoint.
+    static RESTART_DUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The WAL's size in frames when the writer last asked the checkpointer.
+    static ASKED_AT: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
 }
 
 /// Called by SQLite after each commit with the WAL's size in frames.
 fn wal_grew(_: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
-    if frames >= CHECKPOINT_FRAMES {
-        CHECKPOINT_DUE.with(|due| due.set(true));
+    if frames >= RESTART_FRAMES {
+        RESTART_DUE.with(|due| due.set(true));
+    }
+    // Once per CHECKPOINT_FRAMES new frames, not after every commit: with small batches the
+    // checkpointer would otherwise wake after each one to copy a few frames.
+    let asked = ASKED_AT.with(std::cell::Cell::get);
+    if frames < asked {
+        // The WAL was started over.
+        ASKED_AT.with(|a| a.set(0));
+    } else if frames >= asked + CHECKPOINT_FRAMES {
+        CHECKPOINTER.with(|c| {
+            if let Some(c) = &*c.borrow() {
+                // Full: a checkpoint is already pending, it will cover these frames too.
+                let _ = c.try_send(());
+            }
+        });
+        ASKED_AT.with(|a| a.set(frames));
     }
     Ok(())
+}
+
+/// The checkpointer thread: a passive checkpoint (it never blocks the writer or readers)
+/// whenever the writer asks, until the writer stops.
+pub(super) fn checkpoint(conn: Connection, requests: Receiver<()>, running: &Mutex<()>) {
+    while requests.recv().is_ok() {
+        let _running = running.lock();
+        passive_checkpoint(&conn);
+    }
 }
 
 /// One transaction for the whole batch: read the positions, check every write, write the
@@ -306,7 +363,7 @@ mod tests {
             let store = store.clone();
             tasks.spawn(async move {
                 let payload = Payload::encode_as("n", 1, &s).unwrap();
-                for seq in 0..150 {
+                for seq in 0..400 {
                     store
                         .append(AppendRequest {
                             persistence_id: format!("wal|{s}"),
@@ -323,15 +380,15 @@ mod tests {
             done.unwrap();
         }
         let stats = store.writer_stats();
-        assert_eq!(stats.writes, 200 * 150);
-        // Started over after each checkpoint: the file never held much more than
-        // CHECKPOINT_FRAMES frames (plus one batch's).
+        assert_eq!(stats.writes, 200 * 400);
+        // Started over once RESTART_FRAMES were reached: the file never held much more
+        // (plus a few batches' frames while the checkpointer was busy).
         let wal = std::fs::metadata(dir.path().join("wal.db-wal"))
             .unwrap()
             .len();
         let page = 4096 + 24;
         assert!(
-            wal < 2 * super::CHECKPOINT_FRAMES as u64 * page,
+            wal < 2 * super::RESTART_FRAMES as u64 * page,
             "WAL of {wal} bytes after {} transactions",
             stats.transactions
         );
