@@ -3,8 +3,9 @@
 //! Writes go to one writer thread that groups whatever is queued into one transaction, so
 //! many entities persisting at once share an fsync; a task on the callers' runtime answers
 //! them, and a checkpointer thread copies the WAL into the database file, both off the
-//! writer's path. Reads run on a small pool of read connections inside `spawn_blocking`; in
-//! WAL mode they do not wait for the writer.
+//! writer's path (the writer only finishes a checkpoint when the WAL has grown long, so that
+//! SQLite starts it over). Reads run on a small pool of read connections inside
+//! `spawn_blocking`; in WAL mode they do not wait for the writer.
 
 mod schema;
 mod sharding;
@@ -108,14 +109,20 @@ impl SqliteStore {
             .map(|_| connect(&path, sync).map(Mutex::new))
             .collect::<Result<_, _>>()?;
         // Checkpoints (copying the WAL into the database file) run on their own thread and
-        // connection, so the writer does not pay for them inside its batches.
+        // connection, so the writer does not pay for them inside its batches; the writer only
+        // finishes one when the WAL has grown long (see `writer`).
         conn.execute_batch("PRAGMA wal_autocheckpoint=0;")
             .map_err(backend)?;
         let checkpointer = connect(&path, sync)?;
-        let (checkpoint, checkpoints) = mpsc::sync_channel(1);
+        let (requests, checkpoints) = mpsc::sync_channel(1);
+        let running = Arc::new(Mutex::new(()));
+        let checkpoint = writer::Checkpoints {
+            requests,
+            running: running.clone(),
+        };
         std::thread::Builder::new()
             .name("shardik-sqlite-checkpoint".into())
-            .spawn(move || writer::checkpoint(checkpointer, checkpoints))
+            .spawn(move || writer::checkpoint(checkpointer, checkpoints, &running))
             .map_err(|e| {
                 StoreError::Backend(format!("cannot start the SQLite checkpointer: {e}"))
             })?;
