@@ -36,6 +36,10 @@ pub(crate) trait RegionCore<M>: Send + Sync + 'static {
 /// Called once every entity of a shard has stopped ([`ShardHost::stop_shard`]).
 pub(crate) type ShardStopped = Box<dyn FnOnce() + Send>;
 
+/// Takes the messages a force-stopped entity had accepted but not handled, oldest first
+/// ([`ShardHost::force_stop_shard`]).
+pub(crate) type Unhandled<M> = Arc<dyn Fn(EntityId, Vec<M>) + Send + Sync>;
+
 /// A region that can also stop whole shards: what the cluster layer hosts shards with.
 pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// Passivates every entity of `shard` (each handles what it has queued first) and calls
@@ -44,6 +48,13 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// The caller must stop delivering to the shard first.
     fn stop_shard(&self, shard: ShardId, done: ShardStopped);
 
+    /// Ends a [`stop_shard`](Self::stop_shard) whose entities are slow to stop: every entity
+    /// of `shard` stops as soon as its current message is done, and the messages it had
+    /// accepted but not handled (its mailbox, then what the shard buffered for it) go to
+    /// `unhandled` instead of a new incarnation here, before `done` is called. Does nothing
+    /// if the shard is not stopping.
+    fn force_stop_shard(&self, shard: ShardId, unhandled: Unhandled<M>);
+
     /// Starts entity `id` of `shard` without a message if it has no incarnation (remembered
     /// entities on a new home). The caller hosts the shard.
     fn start_entity(&self, shard: ShardId, id: &str);
@@ -51,6 +62,12 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
 
 /// A live entity incarnation as the shard sees it.
 pub(crate) struct EntityCell<M>(ActorRef<M>);
+
+impl<M> Clone for EntityCell<M> {
+    fn clone(&self) -> Self {
+        EntityCell(self.0.clone())
+    }
+}
 
 impl<M: Send + 'static> EntityHandle<M> for EntityCell<M> {
     fn incarnation(&self) -> u64 {
@@ -68,6 +85,10 @@ impl<M: Send + 'static> EntityHandle<M> for EntityCell<M> {
 
     fn passivate(&self) {
         self.0.graceful_stop();
+    }
+
+    fn stop_now(&self) {
+        self.0.stop();
     }
 }
 
@@ -94,6 +115,8 @@ pub(crate) struct LocalRegion<A: Actor> {
     max_live: usize,
     /// Shards being stopped for a hand-off, with what to call once they are empty.
     stopping: Mutex<std::collections::HashMap<ShardId, ShardStopped>>,
+    /// Shards force-stopped while stopping, with where their entities' unhandled messages go.
+    forced: Mutex<std::collections::HashMap<ShardId, Unhandled<A::Msg>>>,
     /// Coarse milliseconds since start, advanced by the idle sweeper.
     clock: AtomicU64,
     counters: Counters,
@@ -134,6 +157,7 @@ impl<A: Actor> LocalRegion<A> {
                 lru: max_live.map(|_| Mutex::new(LruCache::unbounded())),
                 max_live: max_live.unwrap_or(usize::MAX),
                 stopping: Mutex::new(std::collections::HashMap::new()),
+                forced: Mutex::new(std::collections::HashMap::new()),
                 clock: AtomicU64::new(0),
                 counters: Counters::default(),
             }
@@ -211,7 +235,10 @@ impl<A: Actor> LocalRegion<A> {
             undelivered: t.undelivered,
             failed: matches!(t.reason, StopReason::Failed(_)),
         };
-        let respawn = !self.system.is_shutting_down();
+        // A force-stopped shard's entities are not started again here: what they had not
+        // handled goes with the shard to its next home.
+        let unhandled = self.forced.lock().get(&shard).cloned();
+        let respawn = !self.system.is_shutting_down() && unhandled.is_none();
         let mut victims = Vec::new();
         let after = {
             let mut state = self.shards[shard as usize].lock();
@@ -238,12 +265,20 @@ impl<A: Actor> LocalRegion<A> {
             after
         };
         self.passivate_victims(victims);
-        self.check_stopping(shard);
         let dropped = match after {
             AfterStop::Dropped(msgs) => msgs,
             AfterStop::Respawned { dropped, .. } => dropped,
             AfterStop::Removed | AfterStop::Stale => Vec::new(),
         };
+        let dropped = match unhandled {
+            // Handed on before the shard can be reported stopped (below).
+            Some(unhandled) if !dropped.is_empty() && !self.system.is_shutting_down() => {
+                unhandled(id.clone(), dropped);
+                Vec::new()
+            }
+            _ => dropped,
+        };
+        self.check_stopping(shard);
         for msg in dropped {
             drop(msg);
             let reason = if respawn {
@@ -281,6 +316,7 @@ impl<A: Actor> LocalRegion<A> {
             return;
         }
         if self.passivate_shard(shard) {
+            self.forced.lock().remove(&shard);
             let done = self.stopping.lock().remove(&shard);
             if let Some(done) = done {
                 done();
@@ -385,6 +421,27 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
             stopping.insert(shard, done);
         }
         // A termination racing with this call finds the entry and checks again.
+        self.check_stopping(shard);
+    }
+
+    fn force_stop_shard(&self, shard: ShardId, unhandled: Unhandled<A::Msg>) {
+        if shard >= self.shard_count || !self.stopping.lock().contains_key(&shard) {
+            return;
+        }
+        self.forced.lock().insert(shard, unhandled);
+        let told = self.shards[shard as usize].lock().force_stop();
+        tracing::warn!(
+            entity_type = %self.type_name,
+            shard,
+            entities = told.len(),
+            "shard entities slow to stop: stopping them now; their unhandled messages move with the shard"
+        );
+        if let Some(lru) = &self.lru {
+            let mut lru = lru.lock();
+            for id in &told {
+                lru.pop(&**id);
+            }
+        }
         self.check_stopping(shard);
     }
 

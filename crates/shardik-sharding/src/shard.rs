@@ -50,6 +50,12 @@ pub trait EntityHandle<M> {
     }
     /// Asks the incarnation to stop after handling everything already in its mailbox.
     fn passivate(&self);
+    /// Asks the incarnation to stop as soon as its current message is done (a forced stop:
+    /// [`ShardState::force_stop`]); the messages still in its mailbox come back as
+    /// [`Ended::undelivered`]. Defaults to [`passivate`](Self::passivate).
+    fn stop_now(&self) {
+        self.passivate();
+    }
 }
 
 enum Slot<M, H> {
@@ -58,7 +64,8 @@ enum Slot<M, H> {
         touched: u64,
     },
     Stopping {
-        incarnation: u64,
+        /// The stopping incarnation (kept for a forced stop).
+        handle: H,
         buffer: VecDeque<M>,
     },
 }
@@ -116,7 +123,7 @@ pub struct ShardState<M, H> {
     active: usize,
 }
 
-impl<M, H: EntityHandle<M>> ShardState<M, H> {
+impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
     /// An empty shard whose stopping entities buffer at most `buffer_limit` messages each.
     pub fn new(buffer_limit: usize) -> Self {
         ShardState {
@@ -164,13 +171,10 @@ impl<M, H: EntityHandle<M>> ShardState<M, H> {
                 Err(TellError::Stopped(msg)) => {
                     // It is terminating on its own (it stopped itself or failed): buffer
                     // until its termination notice arrives.
-                    let incarnation = handle.incarnation();
+                    let handle = handle.clone();
                     let mut buffer = VecDeque::new();
                     buffer.push_back(msg);
-                    *slot = Slot::Stopping {
-                        incarnation,
-                        buffer,
-                    };
+                    *slot = Slot::Stopping { handle, buffer };
                     self.active -= 1;
                     Delivery::Buffered
                 }
@@ -215,13 +219,36 @@ impl<M, H: EntityHandle<M>> ShardState<M, H> {
             return false;
         };
         handle.passivate();
-        let incarnation = handle.incarnation();
+        let handle = handle.clone();
         *slot = Slot::Stopping {
-            incarnation,
+            handle,
             buffer: VecDeque::new(),
         };
         self.active -= 1;
         true
+    }
+
+    /// Stops every entity of the shard as soon as its current message is done
+    /// ([`EntityHandle::stop_now`]), those already stopping gracefully included: the end of a
+    /// hand-off whose entities were too slow to stop. Returns the ids of those told.
+    pub fn force_stop(&mut self) -> Vec<EntityId> {
+        let mut told = Vec::with_capacity(self.entities.len());
+        for (id, slot) in self.entities.iter_mut() {
+            match slot {
+                Slot::Active { handle, .. } => {
+                    handle.stop_now();
+                    let handle = handle.clone();
+                    *slot = Slot::Stopping {
+                        handle,
+                        buffer: VecDeque::new(),
+                    };
+                    self.active -= 1;
+                }
+                Slot::Stopping { handle, .. } => handle.stop_now(),
+            }
+            told.push(EntityId::from(id.as_str()));
+        }
+        told
     }
 
     /// Handles the end of an incarnation of entity `id`. `respawn` says whether new
@@ -241,7 +268,7 @@ impl<M, H: EntityHandle<M>> ShardState<M, H> {
         } = ended;
         let matches = match self.entities.get(id) {
             Some(Slot::Active { handle, .. }) => handle.incarnation() == incarnation,
-            Some(Slot::Stopping { incarnation: i, .. }) => *i == incarnation,
+            Some(Slot::Stopping { handle, .. }) => handle.incarnation() == incarnation,
             None => false,
         };
         if !matches {
@@ -313,17 +340,10 @@ impl<M, H: EntityHandle<M>> ShardState<M, H> {
                     // thread and stop itself on a message of this very backlog. The rest of
                     // the backlog then waits, in order, for the incarnation after it (it used
                     // to be dropped as dead letters).
-                    let incarnation = handle.incarnation();
                     let mut buffer = VecDeque::new();
                     buffer.push_back(refused.into_inner());
                     buffer.extend(messages);
-                    self.entities.insert(
-                        key,
-                        Slot::Stopping {
-                            incarnation,
-                            buffer,
-                        },
-                    );
+                    self.entities.insert(key, Slot::Stopping { handle, buffer });
                     return delivered;
                 }
             }
@@ -399,6 +419,7 @@ mod tests {
         inbox: Rc<RefCell<Vec<u32>>>,
         closed: Rc<RefCell<bool>>,
         passivated: Rc<RefCell<bool>>,
+        stopped_now: Rc<RefCell<bool>>,
         /// Closes itself once its inbox holds this many messages (it stopped itself).
         close_after: Option<usize>,
     }
@@ -421,6 +442,9 @@ mod tests {
         fn passivate(&self) {
             *self.passivated.borrow_mut() = true;
         }
+        fn stop_now(&self) {
+            *self.stopped_now.borrow_mut() = true;
+        }
     }
 
     #[derive(Default)]
@@ -439,6 +463,7 @@ mod tests {
                 inbox: Default::default(),
                 closed: Default::default(),
                 passivated: Default::default(),
+                stopped_now: Default::default(),
                 close_after: self.close_after,
             };
             self.spawned.push(f.clone());
@@ -466,6 +491,37 @@ mod tests {
             failed,
         };
         s.terminated("a", ended, respawn, 0, |_| sp.spawn())
+    }
+
+    #[test]
+    fn a_forced_stop_reaches_active_and_stopping_entities_and_returns_their_backlog() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        tell(&mut s, &mut sp, 1);
+        tell(&mut s, &mut sp, 2);
+        s.deliver("b", 7, 0, |_| sp.spawn());
+        assert!(s.passivate("a"));
+        assert_eq!(tell(&mut s, &mut sp, 3), Delivery::Buffered);
+        assert_eq!(s.force_stop().len(), 2);
+        assert!(sp.spawned.iter().all(|f| *f.stopped_now.borrow()));
+        assert_eq!(s.active(), 0);
+        // "a" ends with 2 unhandled: without respawning, its backlog comes back in order,
+        // what its mailbox held before what the shard buffered.
+        assert_eq!(
+            end(&mut s, &mut sp, 1, vec![2], false, false),
+            AfterStop::Dropped(vec![2, 3])
+        );
+        assert_eq!(sp.spawned.len(), 2, "nothing respawned");
+        let ended = Ended {
+            incarnation: 2,
+            undelivered: vec![],
+            failed: false,
+        };
+        assert_eq!(
+            s.terminated("b", ended, false, 0, |_| sp.spawn()),
+            AfterStop::Removed
+        );
+        assert!(s.is_empty());
     }
 
     #[test]

@@ -52,5 +52,6 @@ impl<M: Send + 'static> ShardHost<M> for NoHost<M> {
     fn stop_shard(&self, _shard: ShardId, done: ShardStopped) {
         done();
     }
+    fn force_stop_shard(&self, _shard: ShardId, _unhandled: crate::region::Unhandled<M>) {}
     fn start_entity(&self, _shard: ShardId, _id: &str) {}
 }

@@ -33,10 +33,13 @@ use crate::coordination::{
 };
 use crate::hash::ShardId;
 use crate::region::{RegionCore, ShardHost};
+use crate::shard::EntityId;
 use crate::stats::RegionStats;
 
-enum RegionEvent {
+enum RegionEvent<M> {
     ShardStopped(ShardId),
+    /// Messages a force-stopped entity of the shard had not handled.
+    Unhandled(ShardId, Vec<Envelope<M>>),
 }
 
 /// Where this region stands with the coordinator of its type.
@@ -96,7 +99,7 @@ pub(crate) struct ClusterRegion<M> {
     gate: RwLock<()>,
     /// See [`ClusterRegion::coarse_now_ms`].
     coarse_ms: AtomicU64,
-    events: mpsc::UnboundedSender<RegionEvent>,
+    events: mpsc::UnboundedSender<RegionEvent<M>>,
     coordinator: mpsc::UnboundedSender<CoordEvent>,
     stopped: AtomicBool,
     joined: AtomicBool,
@@ -142,7 +145,7 @@ impl<M> Drop for Change<'_, M> {
 /// The driver task of a started [`ClusterRegion`], not running yet.
 pub(crate) struct RegionDriver<M> {
     region: Arc<ClusterRegion<M>>,
-    rx: mpsc::UnboundedReceiver<RegionEvent>,
+    rx: mpsc::UnboundedReceiver<RegionEvent<M>>,
     tick: std::time::Duration,
 }
 
@@ -552,8 +555,17 @@ where
                     );
                 }
                 RegionAction::ForceStopShard(shard) => {
-                    // Entities are stopped gracefully only: the hand-off waits for them.
-                    tracing::warn!(entity_type = %self.type_name, shard, "shard entities slow to stop; still waiting");
+                    let tx = self.events.clone();
+                    self.local.force_stop_shard(
+                        shard,
+                        Arc::new(move |id: EntityId, msgs: Vec<M>| {
+                            let envelopes = msgs
+                                .into_iter()
+                                .map(|m| Envelope::new(&*id, shard, m))
+                                .collect();
+                            let _ = tx.send(RegionEvent::Unhandled(shard, envelopes));
+                        }),
+                    );
                 }
                 RegionAction::Rejected(r) => {
                     self.dead_letter(&r.envelope.entity_id, "region buffer full");
@@ -594,7 +606,7 @@ where
 
     async fn run(
         self: Arc<Self>,
-        mut rx: mpsc::UnboundedReceiver<RegionEvent>,
+        mut rx: mpsc::UnboundedReceiver<RegionEvent<M>>,
         tick: std::time::Duration,
     ) {
         let system = self.system().clone();
@@ -612,6 +624,9 @@ where
                 ev = rx.recv() => match ev {
                     Some(RegionEvent::ShardStopped(shard)) => {
                         self.input(RegionInput::ShardStopped(shard))
+                    }
+                    Some(RegionEvent::Unhandled(shard, envelopes)) => {
+                        self.input(RegionInput::Unhandled { shard, envelopes })
                     }
                     None => break,
                 },

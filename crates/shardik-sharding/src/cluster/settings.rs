@@ -20,6 +20,12 @@ pub struct ClusterShardingSettings {
     pub handoff_ack_timeout: Duration,
     /// `HandOff` is sent again after this long without `ShardStopped`. Default 5 s.
     pub handoff_stop_retry: Duration,
+    /// How long the entities of a shard that is handed off get to stop gracefully (each
+    /// handles what its mailbox holds first). Those still running then are stopped as soon as
+    /// their current message is done, and the messages they had not handled move with the
+    /// shard to its next home, ahead of what was sent meanwhile: a slow entity delays a
+    /// hand-off (and a graceful leave) by at most this long, and loses nothing. Default 10 s.
+    pub entity_stop_timeout: Duration,
     /// Messages buffered per shard while its home is unknown or it moves. Default 10 000.
     pub buffer_limit: usize,
     /// How long one replica write or read may take before it is retried. Default 2 s.
@@ -67,6 +73,7 @@ impl Default for ClusterShardingSettings {
             rebalance_interval: Duration::from_secs(2),
             handoff_ack_timeout: Duration::from_secs(10),
             handoff_stop_retry: Duration::from_secs(5),
+            entity_stop_timeout: Duration::from_secs(10),
             buffer_limit: 10_000,
             replication_timeout: Duration::from_secs(2),
             down_margin: Duration::from_millis(500),
@@ -109,6 +116,12 @@ impl ClusterShardingSettings {
         self
     }
 
+    /// Sets [`entity_stop_timeout`](Self::entity_stop_timeout).
+    pub fn entity_stop_timeout(mut self, d: Duration) -> Self {
+        self.entity_stop_timeout = d;
+        self
+    }
+
     /// Sets [`buffer_limit`](Self::buffer_limit).
     pub fn buffer_limit(mut self, n: usize) -> Self {
         self.buffer_limit = n;
@@ -141,6 +154,7 @@ impl ClusterShardingSettings {
     pub(crate) fn region_config(&self, shard_count: u32) -> RegionConfig {
         let mut c = RegionConfig::new(shard_count);
         c.retry_interval_ms = self.retry_interval.as_millis() as u64;
+        c.stop_timeout_ms = self.entity_stop_timeout.as_millis() as u64;
         c.buffer_limit = self.buffer_limit;
         c
     }

@@ -65,6 +65,17 @@ pub enum RegionInput<M> {
     CoordinatorChanged,
     /// The IO layer finished stopping the shard's entities (after `StopShard`/`ForceStopShard`).
     ShardStopped(ShardId),
+    /// Messages that an entity of the shard had accepted but not handled when
+    /// [`RegionAction::ForceStopShard`] stopped it, oldest first. They were accepted before
+    /// anything this region buffered for the shard since the hand-off began, so they go to
+    /// the front of its buffer and travel with it to the shard's next home (reported before
+    /// the shard's [`ShardStopped`](Self::ShardStopped)).
+    Unhandled {
+        /// The shard.
+        shard: ShardId,
+        /// The messages, oldest first.
+        envelopes: Vec<Envelope<M>>,
+    },
     /// Another region is gone (downed or removed): forget it as a home.
     RegionDown(RegionId),
     /// Time passed: retries and timeouts.
@@ -89,7 +100,9 @@ pub enum RegionAction<M> {
     StartShard(ShardId),
     /// Stop every entity of the shard gracefully, then report [`RegionInput::ShardStopped`].
     StopShard(ShardId),
-    /// Stopping took longer than `stop_timeout_ms`: stop the shard's entities now.
+    /// Stopping took longer than `stop_timeout_ms`: stop the shard's entities as soon as
+    /// their current message is done, and report what they had not handled as
+    /// [`RegionInput::Unhandled`] before [`RegionInput::ShardStopped`].
     ForceStopShard(ShardId),
     /// A message forwarded by another region could not be buffered: tell its sender.
     Rejected(Rejected<M>),
@@ -482,6 +495,7 @@ impl<M> RegionState<M> {
                 }
             }
             RegionInput::ShardStopped(shard) => self.on_stopped(shard, out),
+            RegionInput::Unhandled { shard, envelopes } => self.on_unhandled(shard, envelopes, out),
             RegionInput::RegionDown(r) => self.on_region_down(r, out),
             RegionInput::Tick => self.on_tick(out),
         }
@@ -854,6 +868,35 @@ impl<M> RegionState<M> {
                         },
                     );
                 }
+            }
+        }
+    }
+
+    /// Messages a force-stopped entity had not handled: ahead of the shard's buffer while it
+    /// stops (past the buffer limit: they were accepted already), routed like any message
+    /// otherwise.
+    fn on_unhandled(
+        &mut self,
+        shard: ShardId,
+        envelopes: Vec<Envelope<M>>,
+        out: &mut Vec<RegionAction<M>>,
+    ) {
+        if matches!(
+            self.slots.get(&shard),
+            Some(Slot::Owner {
+                phase: OwnerPhase::Stopping { .. },
+                ..
+            })
+        ) {
+            let buffer = self.buffers.entry(shard).or_default();
+            for env in envelopes.into_iter().rev() {
+                buffer.push_front(env);
+            }
+            return;
+        }
+        for env in envelopes {
+            if let Err(r) = self.route(env, false, out) {
+                out.push(RegionAction::Rejected(r));
             }
         }
     }

@@ -745,6 +745,40 @@ fn env(id: &str, shard: u32, n: u32) -> Envelope<u32> {
 
 const H: HandOffId = HandOffId { epoch: 1, seq: 7 };
 
+/// `BeginHandOff` then `HandOff` of shard 1 (hand-off `H`) waiting for `fences`; returns what
+/// the `HandOff` led to.
+fn hand_off(reg: &mut RegionState<u32>, fences: Vec<RegionId>) -> Acts {
+    from_coord(reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    from_coord(
+        reg,
+        0,
+        ToRegion::HandOff {
+            id: H,
+            shard: 1,
+            fences,
+        },
+    )
+}
+
+/// Region `from`'s fence of shard 1 for hand-off `H` arrives at time 0.
+fn fence_from(reg: &mut RegionState<u32>, from: &str, out: &mut Acts) {
+    let msg = PeerMsg::Fence { id: H, shard: 1 };
+    reg.handle(0, RegionInput::FromPeer { from: r(from), msg }, out);
+}
+
+/// The envelopes `out` forwards to other regions, in order.
+fn forwarded(out: &Acts) -> Vec<&Envelope<u32>> {
+    out.iter()
+        .filter_map(|a| match a {
+            RegionAction::ToPeer {
+                msg: PeerMsg::Deliver(e),
+                ..
+            } => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn registration_is_retried_until_acknowledged() {
     let mut reg = region("a");
@@ -930,14 +964,7 @@ fn owner_waits_for_fences_then_stops_with_forced_timeout() {
     );
     assert!(out.is_empty(), "waits for fences");
     let mut out = Vec::new();
-    reg.handle(
-        0,
-        RegionInput::FromPeer {
-            from: r("b"),
-            msg: PeerMsg::Fence { id: H, shard: 1 },
-        },
-        &mut out,
-    );
+    fence_from(&mut reg, "b", &mut out);
     assert!(out.is_empty());
     reg.handle(10, RegionInput::RegionDown(r("c")), &mut out);
     assert_eq!(out, vec![RegionAction::StopShard(1)]);
@@ -996,41 +1023,92 @@ fn owner_waits_for_fences_then_stops_with_forced_timeout() {
             region: r("b"),
         },
     );
-    let flushed: Vec<u32> = out
-        .iter()
-        .filter_map(|a| match a {
-            RegionAction::ToPeer {
-                msg: PeerMsg::Deliver(e),
-                ..
-            } => Some(e.payload),
-            _ => None,
-        })
-        .collect();
+    let flushed: Vec<u32> = forwarded(&out).iter().map(|e| e.payload).collect();
     assert_eq!(flushed, vec![1, 3]);
+}
+
+#[test]
+fn a_forced_stops_unhandled_messages_go_first_to_the_next_home() {
+    let mut reg = registered("a", &[(1, "a")]);
+    let out = hand_off(&mut reg, vec![]);
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+    // Sent while the entities stop: buffered (limit 3).
+    let mut out = Vec::new();
+    reg.send(10, env("x", 1, 10), &mut out).unwrap();
+    reg.send(10, env("y", 1, 20), &mut out).unwrap();
+    assert!(out.is_empty());
+    reg.handle(1_000, RegionInput::Tick, &mut out);
+    assert_eq!(out, vec![RegionAction::ForceStopShard(1)]);
+    // The entities' mailboxes still held older messages: they go ahead of the buffer, even
+    // past its limit (they were accepted before it).
+    let mut out = Vec::new();
+    reg.handle(
+        1_001,
+        RegionInput::Unhandled {
+            shard: 1,
+            envelopes: vec![env("x", 1, 1), env("x", 1, 2)],
+        },
+        &mut out,
+    );
+    reg.handle(
+        1_002,
+        RegionInput::Unhandled {
+            shard: 1,
+            envelopes: vec![env("y", 1, 5)],
+        },
+        &mut out,
+    );
+    assert!(out.is_empty());
+    reg.handle(1_003, RegionInput::ShardStopped(1), &mut out);
+    let out = from_coord(
+        &mut reg,
+        1_100,
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard: 1,
+            region: r("b"),
+        },
+    );
+    let flushed: Vec<(String, u32)> = forwarded(&out)
+        .into_iter()
+        .map(|e| (e.entity_id.clone(), e.payload))
+        .collect();
+    let of = |id: &str| -> Vec<u32> {
+        flushed
+            .iter()
+            .filter(|(e, _)| e == id)
+            .map(|(_, n)| *n)
+            .collect()
+    };
+    assert_eq!(
+        of("x"),
+        vec![1, 2, 10],
+        "per entity: mailbox first, then buffer"
+    );
+    assert_eq!(of("y"), vec![5, 20]);
+    assert_eq!(flushed.len(), 5, "nothing lost or doubled");
+    // Once the shard has moved, late ones are routed to the new home like any message.
+    let mut out = Vec::new();
+    reg.handle(
+        1_200,
+        RegionInput::Unhandled {
+            shard: 1,
+            envelopes: vec![env("z", 1, 9)],
+        },
+        &mut out,
+    );
+    assert!(matches!(
+        &out[..],
+        [RegionAction::ToPeer { msg: PeerMsg::Deliver(e), .. }] if e.payload == 9
+    ));
 }
 
 #[test]
 fn fence_that_arrives_before_the_hand_off_counts() {
     let mut reg = registered("a", &[(1, "a")]);
     let mut out = Vec::new();
-    reg.handle(
-        0,
-        RegionInput::FromPeer {
-            from: r("b"),
-            msg: PeerMsg::Fence { id: H, shard: 1 },
-        },
-        &mut out,
-    );
-    from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
-    let out = from_coord(
-        &mut reg,
-        0,
-        ToRegion::HandOff {
-            id: H,
-            shard: 1,
-            fences: vec![r("b")],
-        },
-    );
+    fence_from(&mut reg, "b", &mut out);
+    let out = hand_off(&mut reg, vec![r("b")]);
     assert_eq!(out, vec![RegionAction::StopShard(1)]);
 }
 
