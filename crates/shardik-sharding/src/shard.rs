@@ -66,7 +66,11 @@ enum Slot<M, H> {
     Stopping {
         /// The stopping incarnation (kept for a forced stop).
         handle: H,
-        buffer: VecDeque<M>,
+        /// Boxed: the map holds a slot per entity, and a stopping entity is the rare case, so
+        /// the slot stays as small as an active one's (the map of a shard with many entities
+        /// is what a message to a cold entity pays cache misses for).
+        #[allow(clippy::box_collection)]
+        buffer: Box<VecDeque<M>>,
     },
 }
 
@@ -172,7 +176,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                     // It is terminating on its own (it stopped itself or failed): buffer
                     // until its termination notice arrives.
                     let handle = handle.clone();
-                    let mut buffer = VecDeque::new();
+                    let mut buffer = Box::<VecDeque<M>>::default();
                     buffer.push_back(msg);
                     *slot = Slot::Stopping { handle, buffer };
                     self.active -= 1;
@@ -222,7 +226,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
         let handle = handle.clone();
         *slot = Slot::Stopping {
             handle,
-            buffer: VecDeque::new(),
+            buffer: Box::default(),
         };
         self.active -= 1;
         true
@@ -240,7 +244,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                     let handle = handle.clone();
                     *slot = Slot::Stopping {
                         handle,
-                        buffer: VecDeque::new(),
+                        buffer: Box::default(),
                     };
                     self.active -= 1;
                 }
@@ -284,7 +288,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                 self.active -= 1;
                 VecDeque::new()
             }
-            Slot::Stopping { buffer, .. } => buffer,
+            Slot::Stopping { buffer, .. } => *buffer,
         };
         if failed {
             // The failed incarnation's own backlog is dropped (it may hold the message that
@@ -340,7 +344,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                     // thread and stop itself on a message of this very backlog. The rest of
                     // the backlog then waits, in order, for the incarnation after it (it used
                     // to be dropped as dead letters).
-                    let mut buffer = VecDeque::new();
+                    let mut buffer = Box::<VecDeque<M>>::default();
                     buffer.push_back(refused.into_inner());
                     buffer.extend(messages);
                     self.entities.insert(key, Slot::Stopping { handle, buffer });
@@ -522,6 +526,17 @@ mod tests {
             AfterStop::Removed
         );
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_stopping_slot_is_no_larger_than_an_active_one() {
+        // The map stores a slot per entity: keep it at the active slot's size.
+        type H = crate::region::EntityCell<u64>;
+        assert!(
+            std::mem::size_of::<Slot<u64, H>>() <= 32,
+            "slot: {} B",
+            std::mem::size_of::<Slot<u64, H>>()
+        );
     }
 
     #[test]
