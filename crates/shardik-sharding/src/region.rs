@@ -235,13 +235,17 @@ impl<A: Actor> LocalRegion<A> {
             undelivered: t.undelivered,
             failed: matches!(t.reason, StopReason::Failed(_)),
         };
-        // A force-stopped shard's entities are not started again here: what they had not
-        // handled goes with the shard to its next home.
-        let unhandled = self.forced.lock().get(&shard).cloned();
-        let respawn = !self.system.is_shutting_down() && unhandled.is_none();
         let mut victims = Vec::new();
-        let after = {
+        let mut respawn = !self.system.is_shutting_down();
+        let (after, unhandled) = {
             let mut state = self.shards[shard as usize].lock();
+            // A force-stopped shard's entities are not started again here: what they had not
+            // handled goes with the shard to its next home. Read under the shard's lock:
+            // `force_stop_shard` registers the shard before it takes that lock, so either it
+            // is seen here, or the entity this termination might restart is force-stopped
+            // there.
+            let unhandled = self.forced.lock().get(&shard).cloned();
+            respawn &= unhandled.is_none();
             let after = state.terminated(&id, ended, respawn, self.now(), |key| {
                 self.spawn_entity(key)
             });
@@ -262,7 +266,7 @@ impl<A: Actor> LocalRegion<A> {
                     AfterStop::Stale => {}
                 }
             }
-            after
+            (after, unhandled)
         };
         self.passivate_victims(victims);
         let dropped = match after {
