@@ -112,7 +112,7 @@ impl<M: Send + 'static> ActorRef<M> {
             self.dead_letter(&e);
             return Err(e.into());
         }
-        match tokio::time::timeout(timeout, rx).await {
+        match self.target.system().timeout(timeout, rx).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(_)) => Err(AskError::NoReply),
             Err(_) => Err(AskError::Timeout(timeout)),

@@ -54,6 +54,7 @@ mod actor_ref;
 mod cell;
 mod context;
 mod dead_letters;
+pub mod deadline;
 mod dispatcher;
 mod error;
 mod mailbox;

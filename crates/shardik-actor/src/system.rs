@@ -13,6 +13,7 @@ use crate::actor::{Actor, ActorId};
 use crate::actor_ref::ActorRef;
 use crate::cell::{Cell, CellHandle, Parent};
 use crate::dead_letters::{DeadLetterStats, DeadLetters, DeadReason};
+use crate::deadline::{Ticker, Within};
 use crate::dispatcher::Dispatcher;
 use crate::mailbox::SystemMessage;
 use crate::props::Props;
@@ -64,15 +65,26 @@ pub(crate) struct SystemShared {
     shutdown_signal: watch::Sender<bool>,
     extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     pub(crate) dispatcher: Arc<Dispatcher>,
+    /// Ends the grace period of pending asks (see `deadline.rs`).
+    pub(crate) ask_ticker: Arc<Ticker>,
 }
 
 impl Drop for SystemShared {
     fn drop(&mut self) {
         self.dispatcher.close();
+        self.ask_ticker.close();
     }
 }
 
 impl SystemShared {
+    pub(crate) fn timeout<F: std::future::Future>(
+        &self,
+        timeout: Duration,
+        fut: F,
+    ) -> Within<'_, F> {
+        crate::deadline::within(&self.ask_ticker, timeout, fut)
+    }
+
     pub(crate) fn next_id(&self) -> ActorId {
         ActorId(self.next_id.fetch_add(1, Ordering::Relaxed))
     }
@@ -127,6 +139,7 @@ impl ActorSystem {
             })
         });
         let (shutdown_signal, _) = watch::channel(false);
+        let ask_ticker = Ticker::new();
         ActorSystem {
             shared: Arc::new(SystemShared {
                 name: config.name.into(),
@@ -142,12 +155,37 @@ impl ActorSystem {
                 shutdown_signal,
                 extensions: Mutex::new(HashMap::new()),
                 dispatcher: Dispatcher::new(),
+                ask_ticker,
             }),
         }
     }
 
     pub(crate) fn from_shared(shared: Arc<SystemShared>) -> Self {
         ActorSystem { shared }
+    }
+
+    /// Requires `fut` to complete within `timeout`, like `tokio::time::timeout`, at a fraction
+    /// of its cost for futures that usually finish early: the timer is armed only if `fut` is
+    /// still pending after [`deadline::GRACE`](crate::deadline::GRACE) (see
+    /// [`deadline`](crate::deadline)). [`ActorRef::ask`] uses it, and so can in-process
+    /// request/response code of your own; for a future that waits on the network a tokio timer
+    /// costs too little to matter. The deadline is counted from this call, on the runtime's clock.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use shardik_actor::{deadline::Elapsed, ActorSystem};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let system = ActorSystem::new("docs");
+    /// let never = std::future::pending::<()>();
+    /// let late = system.timeout(Duration::from_secs(5), never).await;
+    /// assert_eq!(late, Err(Elapsed(Duration::from_secs(5))));
+    /// assert_eq!(system.timeout(Duration::from_secs(5), async { 7 }).await, Ok(7));
+    /// # }
+    /// ```
+    pub fn timeout<F: std::future::Future>(&self, timeout: Duration, fut: F) -> Within<'_, F> {
+        self.shared.timeout(timeout, fut)
     }
 
     /// The system's name.

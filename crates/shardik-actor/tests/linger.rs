@@ -98,7 +98,11 @@ async fn a_quiet_actor_gives_its_task_up() {
     let (actor, _) = summer();
     let actor = system.spawn(actor);
     tokio::task::yield_now().await;
-    // The system's own tasks (its dispatcher), not counting any actor.
+    // Start the system's ask ticker (a future pending at its first poll enlists with it).
+    let _ = system
+        .timeout(Duration::from_secs(60), tokio::task::yield_now())
+        .await;
+    // The system's own tasks (its dispatcher and ask ticker), not counting any actor.
     let base = metrics.num_alive_tasks();
     // Two asks back to back: the second turn ends right after the first, so the actor is hot.
     for _ in 0..2 {

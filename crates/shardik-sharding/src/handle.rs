@@ -157,10 +157,15 @@ impl<M: Send + 'static> Region<M> {
             TellError::Stopped(_) => AskError::Stopped,
             TellError::MailboxFull(_) => AskError::MailboxFull,
         })?;
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(_)) => Err(AskError::NoReply),
-            Err(_) => Err(AskError::Timeout(timeout)),
+        let answer = if self.core.in_process() {
+            self.core.system().timeout(timeout, rx).await.ok()
+        } else {
+            tokio::time::timeout(timeout, rx).await.ok()
+        };
+        match answer {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(_)) => Err(AskError::NoReply),
+            None => Err(AskError::Timeout(timeout)),
         }
     }
 }

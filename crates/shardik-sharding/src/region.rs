@@ -31,6 +31,14 @@ pub(crate) trait RegionCore<M>: Send + Sync + 'static {
     fn stats(&self) -> RegionStats;
     fn shard_entities(&self) -> Vec<usize>;
     fn passivate(&self, id: &str) -> bool;
+    /// True if every entity of this region runs in this process, so an ask through it costs
+    /// about as much as a tokio timer and arms its timeout lazily
+    /// ([`ActorSystem::timeout`](shardik_actor::ActorSystem::timeout)). Asks that may cross
+    /// the network arm a tokio timer at once: the timer is noise next to a round trip, and
+    /// lazy arming measured a slower median there (`docs/semantics.md`).
+    fn in_process(&self) -> bool {
+        false
+    }
 }
 
 /// Called once every entity of a shard has stopped ([`ShardHost::stop_shard`]).
@@ -499,6 +507,10 @@ impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
 
     fn shard_count(&self) -> u32 {
         self.shard_count
+    }
+
+    fn in_process(&self) -> bool {
+        true
     }
 
     #[inline]
