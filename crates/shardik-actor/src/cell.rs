@@ -616,7 +616,16 @@ async fn yield_turn() {
 
 /// Parks a lingering run task until a sender hands it work (true) or `sleep` fires first
 /// (false). The caller has found the mailbox empty and holds the run state.
-async fn park<A: Actor>(cell: &Cell<A>, sleep: Pin<&mut tokio::time::Sleep>) -> bool {
+///
+/// `sleep_waker` is the waker `sleep` was last polled with (`None` after it was armed or
+/// reset). While the task's waker stays the same, the timer already knows whom to wake, so
+/// the sleep is only checked, not polled: polling it costs a waker registration and a unit
+/// of tokio's cooperative budget on every park, which is every message of a ping-pong.
+async fn park<A: Actor>(
+    cell: &Cell<A>,
+    sleep: Pin<&mut tokio::time::Sleep>,
+    sleep_waker: &mut Option<std::task::Waker>,
+) -> bool {
     let mut sleep = sleep;
     let mut parked = false;
     std::future::poll_fn(|cx| {
@@ -634,7 +643,14 @@ async fn park<A: Actor>(cell: &Cell<A>, sleep: Pin<&mut tokio::time::Sleep>) -> 
             cell.sched.store(SCHEDULED, Ordering::Release);
             return Poll::Ready(true);
         }
-        if sleep.as_mut().poll(cx).is_ready() {
+        let elapsed = match sleep_waker {
+            Some(w) if w.will_wake(cx.waker()) => sleep.is_elapsed(),
+            _ => {
+                *sleep_waker = Some(cx.waker().clone());
+                sleep.as_mut().poll(cx).is_ready()
+            }
+        };
+        if elapsed {
             return Poll::Ready(cell.unpark());
         }
         Poll::Pending
@@ -666,6 +682,8 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
     let mut ctx = Context::new(cell.clone());
     let mut batch: Batch<A::Msg> = Batch::new();
     let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    // The waker `linger` was last polled with (see `park`).
+    let mut linger_waker: Option<std::task::Waker> = None;
     // `Some` while this task lingers: whether work came during the current window.
     let mut linger_worked: Option<bool> = None;
     if !st.started {
@@ -770,17 +788,19 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                     Some(sleep) => sleep.as_mut().reset(now + LINGER),
                     None => linger = Some(Box::pin(tokio::time::sleep_until(now + LINGER))),
                 }
+                linger_waker = None;
                 linger_worked = Some(false);
             }
         }
         if let (Some(worked), Some(sleep)) = (linger_worked.as_mut(), linger.as_mut()) {
-            if park(&cell, sleep.as_mut()).await {
+            if park(&cell, sleep.as_mut(), &mut linger_waker).await {
                 *worked = true;
                 continue;
             }
             if *worked {
                 *worked = false;
                 sleep.as_mut().reset(tokio::time::Instant::now() + LINGER);
+                linger_waker = None;
                 continue;
             }
             linger_worked = None;
