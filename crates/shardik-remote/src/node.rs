@@ -939,7 +939,7 @@ async fn yield_once() {
 
 /// Drains the `lane` queue of the peer: each segment of already encoded frames (up to
 /// `write_batch_frames` user frames, or every queued control frame) is written with one
-/// `write_all`, and its buffer goes back to the queue for reuse.
+/// `write_all` and flushed, and its buffer goes back to the queue for reuse.
 async fn write_loop<W: AsyncWrite + Unpin>(
     node: Arc<Node>,
     peer: Arc<Peer>,
@@ -981,10 +981,17 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             queue.recycle(segment.bytes);
             continue;
         }
+        // Flushed after every write: a TLS stream accepts the tail of a write into its own
+        // buffer when the socket would block and reports it written, and only a later write
+        // or a flush sends it (without this, the end of a burst waited for the next frame,
+        // a heartbeat away when traffic stops). On TCP the flush does nothing.
         let res = tokio::select! {
             biased;
             _ = cancel.cancelled() => break,
-            r = writer.write_all(&segment.bytes) => r,
+            r = async {
+                writer.write_all(&segment.bytes).await?;
+                writer.flush().await
+            } => r,
         };
         if let Err(e) = res {
             tracing::debug!(peer = %remote_id, "write failed: {e}");

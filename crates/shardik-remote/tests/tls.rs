@@ -4,6 +4,7 @@
 mod common;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use common::*;
 use rcgen::{
@@ -131,4 +132,30 @@ async fn a_plain_node_cannot_talk_to_a_tls_node() {
     let (_sys_b, b) = node("b").await;
     assert!(b.connect(a.addr()).await.is_err());
     assert!(a.connect(b.addr()).await.is_err());
+}
+
+/// A burst far larger than the (here tiny) socket buffers, then silence. A TLS stream accepts
+/// the tail of a write into its own buffer when the socket would block and reports it
+/// written; unless the writer flushes, that tail waits for the next write, which here is a
+/// heartbeat a minute away, and the last messages never arrive within the test's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_burst_over_tls_arrives_without_a_later_write() {
+    let ca = ca("ca");
+    let cfg = |node: &str| {
+        tls_config(node, &ca, &ca)
+            .socket_buffer(4096)
+            .heartbeat(Duration::from_secs(60), Duration::from_secs(180))
+    };
+    let (_sys_a, a) = node_with(cfg("a")).await;
+    let (sys_b, b) = node_with(cfg("b")).await;
+    let mut seen_b = echo(&sys_b, &b);
+    a.connect(b.addr()).await.unwrap();
+    let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+    const BURST: u64 = 50_000;
+    for n in 0..BURST {
+        to_b.tell(Echo::Record { from: 7, n });
+    }
+    for n in 0..BURST {
+        assert_eq!(next(&mut seen_b).await, (7, n));
+    }
 }

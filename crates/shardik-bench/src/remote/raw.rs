@@ -5,7 +5,7 @@
 //! frames counted since the last `COUNT`, and starts over) and [`ECHO`] (sent back as is).
 //! Senders hand payloads to a bounded queue (the same capacity as shardik's outbound lane)
 //! drained by one writer task that copies up to [`BATCH`] frames into one buffer per
-//! `write_all`, as shardik's writer does. There is no serialization, no envelope, no actor and
+//! `write_all` (then a flush, which a TLS stream needs), as shardik's writer does. There is no serialization, no envelope, no actor and
 //! no heartbeat: the server counts or echoes on its reader task.
 
 use std::collections::VecDeque;
@@ -84,6 +84,7 @@ where
         }
         if !out.is_empty() {
             w.write_all(&out).await?;
+            w.flush().await?;
             out.clear();
         }
     }
@@ -145,6 +146,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(queue: Arc<Queue>, mut w: W) -> io::R
             }
         }
         w.write_all(&buf).await?;
+        w.flush().await?;
         buf.clear();
     }
     w.shutdown().await
@@ -230,6 +232,7 @@ where
         req[5..].copy_from_slice(&i.to_be_bytes());
         let start = Instant::now();
         w.write_all(&req).await.expect("raw ping written");
+        w.flush().await.expect("raw ping flushed");
         r.read_exact(&mut answer).await.expect("raw pong read");
         let ns = start.elapsed().as_nanos() as u64;
         assert_eq!(answer, req, "echoed as sent");
@@ -278,6 +281,7 @@ where
                 buf.put_u64(now);
             }
             w.write_all(&buf).await.expect("raw requests written");
+            w.flush().await.expect("raw requests flushed");
             buf.clear();
             issued = due;
         } else {
@@ -326,6 +330,7 @@ where
         issued += 1;
     }
     w.write_all(&out).await.expect("raw requests written");
+    w.flush().await.expect("raw requests flushed");
     out.clear();
     while answered < n {
         reserve(&mut buf);
@@ -343,6 +348,7 @@ where
         }
         if !out.is_empty() {
             w.write_all(&out).await.expect("raw requests written");
+            w.flush().await.expect("raw requests flushed");
             out.clear();
         }
     }
