@@ -308,7 +308,8 @@ impl Shared {
 
 struct Slot(OnceLock<Receptionist>);
 
-/// The receptionist of a cluster node: see the [module docs](self). Cloning is cheap.
+/// The receptionist of a cluster node: how registrations spread and when listings change is
+/// described under "Receptionist" in the repository's `docs/cluster.md`. Cloning is cheap.
 #[derive(Clone)]
 pub struct Receptionist {
     shared: Arc<Shared>,

@@ -357,8 +357,9 @@ impl<M: Serialize + Send + 'static> Shared<M> {
     }
 }
 
-/// One cluster singleton as seen from this node: its manager and a source of proxies. See the
-/// [module docs](self). Cloning is cheap.
+/// One cluster singleton as seen from this node: its manager and a source of proxies. How the
+/// instance moves and what is buffered meanwhile is described under "Cluster singleton" in
+/// the repository's `docs/cluster.md`. Cloning is cheap.
 pub struct ClusterSingleton<M> {
     shared: Arc<Shared<M>>,
 }
@@ -469,8 +470,9 @@ impl<M> SingletonProxy<M>
 where
     M: Serialize + Send + 'static,
 {
-    /// Sends `msg` to the instance, or buffers it while no instance is known (see the
-    /// [module docs](self)). Fails if the buffer is full or the cluster node stopped.
+    /// Sends `msg` to the instance, or buffers it while no instance is known (up to the
+    /// proxy's buffer size; see "Cluster singleton" in `docs/cluster.md`). Fails if the
+    /// buffer is full or the cluster node stopped.
     pub fn tell(&self, msg: M) -> Result<(), SingletonError> {
         let state = self.shared.cluster.state();
         let mut p = self.shared.proxy.lock();

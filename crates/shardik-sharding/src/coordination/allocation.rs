@@ -93,8 +93,8 @@ pub trait AllocationStrategy: fmt::Debug + Send + Sync + 'static {
     /// `GetShardHome` triggered the allocation (it may be a proxy, which is not in the view),
     /// `None` when the coordinator allocates on its own (a leaving or downed region's shards,
     /// remembered shards). `None` as the answer means "no opinion": the coordinator uses
-    /// [`LeastShards`]. An answer that is not a key of `view.regions` is refused (see the
-    /// [module docs](self)).
+    /// [`LeastShards`]. An answer that is not a key of `view.regions` is refused: the
+    /// coordinator logs a warning, counts it and allocates with [`LeastShards`] instead.
     fn allocate(
         &self,
         shard: ShardId,
