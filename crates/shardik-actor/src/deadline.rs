@@ -19,6 +19,11 @@
 //!
 //! A future that waits costs one small allocation and a push onto the ticker's list; one that
 //! finishes within [`GRACE`] costs nothing else.
+//!
+//! The ticker task runs on the runtime of the future that started it. If that runtime shuts
+//! down while the system lives on (a system used from several runtimes), the next future to
+//! enlist starts a new ticker where it runs; futures enlisted in between are served from then
+//! on, not before.
 
 use std::future::Future;
 use std::pin::Pin;
