@@ -7,12 +7,12 @@
 //! a fifth of the CPU an ask cost.
 //!
 //! [`ActorSystem::timeout`](crate::ActorSystem::timeout), used by asks that stay in the
-//! process, defers the timer. On its first `Pending` poll the future enlists a small *grace slot* with its actor system's
-//! ticker and registers no timer. Every [`GRACE`] the ticker (one tokio task per system, asleep
-//! while nothing is enlisted) takes the slots enlisted since its last tick: a slot whose future
-//! is done is gone (only a weak reference was enlisted) and costs nothing more; a slot whose
-//! future still waits is marked and its task woken, and on that poll the future arms a real
-//! tokio timer for its deadline. The deadline is read from the runtime's clock when the future
+//! process, defers the timer. On its first `Pending` poll the future enlists a small *grace
+//! slot* with its actor system's ticker and registers no timer. Every [`GRACE`] the ticker
+//! (one tokio task per system, asleep while nothing is enlisted) takes the slots enlisted
+//! since its last tick: a slot whose future is done is gone (only a weak reference was
+//! enlisted) and costs nothing more; a slot whose future still waits is marked and its task
+//! woken, and on that poll the future arms a real tokio timer for its deadline. The deadline is read from the runtime's clock when the future
 //! is created and the ticker sleeps on the runtime's timer, so the timeout fires exactly when
 //! `tokio::time::timeout` would have fired, paused time in tests included, for any timeout
 //! longer than twice the grace period. Shorter timeouts arm at once.
@@ -143,7 +143,7 @@ struct GraceSlot {
 }
 
 /// An actor system's ticker: the futures in their grace period, and the task that ends it.
-pub struct Ticker {
+pub(crate) struct Ticker {
     enlisted: Mutex<Vec<Weak<GraceSlot>>>,
     wake: Notify,
     closed: AtomicBool,
