@@ -171,6 +171,11 @@ impl ActorSystem {
     /// request/response code of your own; for a future that waits on the network a tokio timer
     /// costs too little to matter. The deadline is counted from this call, on the runtime's clock.
     ///
+    /// The future borrows the system: it is meant to be awaited where it is made. (Holding a
+    /// clone of the system instead would put an atomic reference count that every ask on every
+    /// thread touches on the hot path.) To spawn it, move a clone of the system into the task
+    /// and call `timeout` there.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use shardik_actor::{deadline::Elapsed, ActorSystem};
