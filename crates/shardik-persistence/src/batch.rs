@@ -325,12 +325,17 @@ pub struct WriterStats {
     pub writes: u64,
     /// Transactions they were grouped into.
     pub transactions: u64,
+    /// Batches written again because another writer appended to one of their streams
+    /// first (PostgreSQL; see [`PostgresStore`](crate::PostgresStore)). Each retry is a
+    /// transaction of its own, counted in `transactions` only once it commits.
+    pub retries: u64,
 }
 
 #[derive(Default)]
 pub(crate) struct Counters {
     writes: AtomicU64,
     transactions: AtomicU64,
+    retries: AtomicU64,
 }
 
 impl Counters {
@@ -342,10 +347,18 @@ impl Counters {
         self.writes.fetch_add(writes as u64, Ordering::Relaxed);
     }
 
+    /// Counts a batch written again after losing a race on a stream position.
+    pub(crate) fn retry(&self, backend: &'static str) {
+        metrics::counter!("shardik_persistence_batch_retries_total", "backend" => backend)
+            .increment(1);
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn stats(&self) -> WriterStats {
         WriterStats {
             writes: self.writes.load(Ordering::Relaxed),
             transactions: self.transactions.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
         }
     }
 }

@@ -69,6 +69,25 @@ async fn pg_store(url: &str, schema: String) -> Arc<PostgresStore> {
     Arc::new(store)
 }
 
+/// Two stores on one fresh schema, as two nodes would be.
+async fn pg_pair(url: &str) -> (Arc<PostgresStore>, Arc<PostgresStore>) {
+    let schema = pg_schema();
+    (
+        pg_store(url, schema.clone()).await,
+        pg_store(url, schema).await,
+    )
+}
+
+/// Two stores on one SQLite file (named `file` in a temporary directory), as two processes
+/// on one machine would be.
+fn sqlite_pair(file: &str) -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(file);
+    let a = Arc::new(SqliteStore::open(&path).unwrap());
+    let b = Arc::new(SqliteStore::open(&path).unwrap());
+    (dir, a, b)
+}
+
 /// A store in a fresh schema of the server at `SHARDIK_PG_URL`, or `None` without one.
 async fn postgres() -> Option<(Arc<PostgresStore>, Guard)> {
     let url = pg_url()?;
@@ -108,10 +127,7 @@ async fn postgres_groups_concurrent_writes_into_few_transactions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_two_stores_one_file_race_on_one_stream() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("race.db");
-    let a = Arc::new(SqliteStore::open(&path).unwrap());
-    let b = Arc::new(SqliteStore::open(&path).unwrap());
+    let (_dir, a, b) = sqlite_pair("race.db");
     suite::two_stores_one_stream(a, b).await;
 }
 
@@ -120,18 +136,35 @@ async fn postgres_two_nodes_one_schema_race_on_one_stream() {
     let Some(url) = pg_url() else {
         return;
     };
-    let schema = pg_schema();
-    let first = pg_store(&url, schema.clone()).await;
-    let second = pg_store(&url, schema).await;
+    let (first, second) = pg_pair(&url).await;
     suite::two_stores_one_stream(first, second).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_two_stores_one_file_take_turns_on_one_stream() {
+    let (_dir, a, b) = sqlite_pair("turns.db");
+    suite::two_stores_take_turns_on_one_stream(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_nodes_one_schema_take_turns_on_one_stream() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let (first, second) = pg_pair(&url).await;
+    suite::two_stores_take_turns_on_one_stream(first.clone(), second).await;
+    // The first store's lane remembered position 2 when the other store had moved the
+    // stream to 3: its append there was refused by the primary key, then checked again.
+    assert!(
+        first.writer_stats().retries >= 1,
+        "{:?}",
+        first.writer_stats()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_two_stores_one_file_race_on_one_state() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state-race.db");
-    let a = Arc::new(SqliteStore::open(&path).unwrap());
-    let b = Arc::new(SqliteStore::open(&path).unwrap());
+    let (_dir, a, b) = sqlite_pair("state-race.db");
     suite::two_stores_one_state(a, b).await;
 }
 
@@ -140,9 +173,7 @@ async fn postgres_two_nodes_one_schema_race_on_one_state() {
     let Some(url) = pg_url() else {
         return;
     };
-    let schema = pg_schema();
-    let first = pg_store(&url, schema.clone()).await;
-    let second = pg_store(&url, schema).await;
+    let (first, second) = pg_pair(&url).await;
     suite::two_stores_one_state(first, second).await;
 }
 
@@ -188,4 +219,62 @@ async fn sqlite_sharding_state_survives_reopening_the_file() {
         ShardingStateStore::load_records(&store, "n1").await,
         Ok(vec![record])
     );
+}
+
+/// A schema written by an older version kept stream positions in a `journal_meta` table;
+/// connecting converts them, so a stream whose events were all deleted keeps its position
+/// and its newest writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_converts_a_schema_with_a_position_table() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to SHARDIK_PG_URL");
+    let connection = tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.journal (
+                 persistence_id TEXT NOT NULL, seq_nr BIGINT NOT NULL, writer BIGINT NOT NULL,
+                 type_name TEXT NOT NULL, version BIGINT NOT NULL, payload BYTEA NOT NULL,
+                 written_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                 PRIMARY KEY (persistence_id, seq_nr));
+             CREATE TABLE {schema}.journal_meta (
+                 persistence_id TEXT PRIMARY KEY, highest_seq_nr BIGINT NOT NULL,
+                 writer BIGINT NOT NULL);
+             INSERT INTO {schema}.journal_meta VALUES ('emptied', 4, 7), ('kept', 1, 2);"
+        ))
+        .await
+        .expect("create the old tables");
+    let event = suite::ev(5);
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {schema}.journal
+                 (persistence_id, seq_nr, writer, type_name, version, payload)
+                 VALUES ('kept', 1, 2, $1, $2, $3)"
+            ),
+            &[&event.type_name, &i64::from(event.version), &event.bytes],
+        )
+        .await
+        .expect("write the old event");
+    drop(client);
+    connection.await.unwrap().unwrap();
+
+    let store = pg_store(&url, schema).await;
+    assert_eq!(store.highest_seq_nr("emptied").await, Ok(4));
+    assert!(suite::amounts(&*store, "emptied", 1).await.is_empty());
+    assert!(matches!(
+        store.append(suite::append("emptied", 4, 6, &[1])).await,
+        Err(shardik_persistence::StoreError::Fenced { current: 7, .. })
+    ));
+    assert_eq!(
+        store.append(suite::append("emptied", 4, 7, &[1])).await,
+        Ok(5)
+    );
+    assert_eq!(suite::amounts(&*store, "kept", 1).await, [(1, 5)]);
+    assert_eq!(store.append(suite::append("kept", 1, 2, &[6])).await, Ok(2));
 }

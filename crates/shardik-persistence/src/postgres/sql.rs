@@ -3,10 +3,9 @@
 /// Every statement the backend runs, built once for one schema.
 pub(super) struct Sql {
     pub(super) ddl: String,
-    pub(super) meta_ensure: String,
-    pub(super) meta_lock: String,
-    pub(super) meta_update: String,
+    pub(super) positions: String,
     pub(super) insert_events: String,
+    pub(super) insert_tombstones: String,
     pub(super) delete_events: String,
     pub(super) read_events: String,
     pub(super) highest: String,
@@ -37,8 +36,11 @@ pub(super) fn valid_identifier(name: &str) -> bool {
 impl Sql {
     pub(super) fn new(s: &str) -> Sql {
         Sql {
-            // Every batch rewrites the position rows of the streams it appends to: half-empty
-            // pages let PostgreSQL update them in place (HOT updates, no index insert).
+            // A stream's position is its highest row: appends are checked against it and
+            // the primary key refuses a second row at one position, so an append writes one
+            // row per event and nothing else. Deleting events keeps the highest row (marked
+            // deleted, payload dropped) so the position and its writer survive. Schemas of
+            // older versions kept positions in a `journal_meta` table: they are converted.
             ddl: format!(
                 "CREATE SCHEMA IF NOT EXISTS {s};
                  CREATE TABLE IF NOT EXISTS {s}.journal (
@@ -49,11 +51,19 @@ impl Sql {
                      version BIGINT NOT NULL,
                      payload BYTEA NOT NULL,
                      written_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                     deleted BOOLEAN NOT NULL DEFAULT false,
                      PRIMARY KEY (persistence_id, seq_nr));
-                 CREATE TABLE IF NOT EXISTS {s}.journal_meta (
-                     persistence_id TEXT PRIMARY KEY,
-                     highest_seq_nr BIGINT NOT NULL,
-                     writer BIGINT NOT NULL) WITH (fillfactor = 50);
+                 ALTER TABLE {s}.journal ADD COLUMN IF NOT EXISTS deleted BOOLEAN NOT NULL DEFAULT false;
+                 DO $$ BEGIN
+                     IF to_regclass('{s}.journal_meta') IS NOT NULL THEN
+                         INSERT INTO {s}.journal
+                             (persistence_id, seq_nr, writer, type_name, version, payload, deleted)
+                         SELECT m.persistence_id, m.highest_seq_nr, m.writer, '', 0, ''::BYTEA, true
+                         FROM {s}.journal_meta AS m WHERE m.highest_seq_nr > 0
+                         ON CONFLICT (persistence_id, seq_nr) DO NOTHING;
+                         DROP TABLE {s}.journal_meta;
+                     END IF;
+                 END $$;
                  CREATE TABLE IF NOT EXISTS {s}.snapshots (
                      persistence_id TEXT NOT NULL,
                      seq_nr BIGINT NOT NULL,
@@ -81,39 +91,43 @@ impl Sql {
                      PRIMARY KEY (node_id, type_name, shard));"
             ),
             // The batch statements take arrays, one element per stream, state or event, so
-            // a batch costs the same few statements however many writes it holds. Rows are
-            // locked in persistence-id order (byte order, as the writer sorts its batch), so
-            // two nodes' batches cannot deadlock over streams they share.
-            meta_ensure: format!(
-                "INSERT INTO {s}.journal_meta (persistence_id, highest_seq_nr, writer)
-                 SELECT u.persistence_id, 0, 0 FROM UNNEST($1::TEXT[]) AS u(persistence_id)
-                 ON CONFLICT (persistence_id) DO NOTHING"
-            ),
-            meta_lock: format!(
-                "SELECT persistence_id, highest_seq_nr, writer FROM {s}.journal_meta
-                 WHERE persistence_id = ANY($1::TEXT[])
-                 ORDER BY persistence_id COLLATE \"C\" FOR UPDATE"
-            ),
-            meta_update: format!(
-                "UPDATE {s}.journal_meta AS m SET highest_seq_nr = u.highest_seq_nr, writer = u.writer
-                 FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[])
-                 AS u(persistence_id, highest_seq_nr, writer)
-                 WHERE m.persistence_id = u.persistence_id"
+            // a batch costs the same few statements however many writes it holds.
+            positions: format!(
+                "SELECT u.persistence_id, j.seq_nr, j.writer
+                 FROM UNNEST($1::TEXT[]) AS u(persistence_id)
+                 CROSS JOIN LATERAL (SELECT seq_nr, writer FROM {s}.journal
+                     WHERE persistence_id = u.persistence_id ORDER BY seq_nr DESC LIMIT 1) AS j"
             ),
             insert_events: format!(
                 "INSERT INTO {s}.journal (persistence_id, seq_nr, writer, type_name, version, payload)
                  SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
                  $5::BIGINT[], $6::BYTEA[])"
             ),
+            insert_tombstones: format!(
+                "INSERT INTO {s}.journal
+                 (persistence_id, seq_nr, writer, type_name, version, payload, deleted)
+                 SELECT u.persistence_id, u.seq_nr, u.writer, '', 0, ''::BYTEA, true
+                 FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS u(persistence_id, seq_nr, writer)"
+            ),
+            // Both parts see the stream as it was before the statement: rows up to `$2`
+            // below the highest go, the highest (if covered) stays as a marker.
             delete_events: format!(
-                "DELETE FROM {s}.journal WHERE persistence_id = $1 AND seq_nr <= $2"
+                "WITH top AS (SELECT max(seq_nr) AS seq_nr FROM {s}.journal
+                     WHERE persistence_id = $1),
+                 gone AS (DELETE FROM {s}.journal WHERE persistence_id = $1 AND seq_nr <= $2
+                     AND seq_nr < (SELECT seq_nr FROM top))
+                 UPDATE {s}.journal SET deleted = true, payload = ''::BYTEA
+                 WHERE persistence_id = $1 AND seq_nr = (SELECT seq_nr FROM top)
+                 AND seq_nr <= $2 AND NOT deleted"
             ),
             read_events: format!(
                 "SELECT seq_nr, writer, type_name, version, payload FROM {s}.journal
-                 WHERE persistence_id = $1 AND seq_nr >= $2 ORDER BY seq_nr LIMIT $3"
+                 WHERE persistence_id = $1 AND seq_nr >= $2 AND NOT deleted
+                 ORDER BY seq_nr LIMIT $3"
             ),
             highest: format!(
-                "SELECT highest_seq_nr FROM {s}.journal_meta WHERE persistence_id = $1"
+                "SELECT seq_nr FROM {s}.journal WHERE persistence_id = $1
+                 ORDER BY seq_nr DESC LIMIT 1"
             ),
             save_snapshot: format!(
                 "INSERT INTO {s}.snapshots (persistence_id, seq_nr, type_name, version, payload)
@@ -135,6 +149,8 @@ impl Sql {
                  $5::BIGINT[], $6::BYTEA[])
                  ON CONFLICT (persistence_id) DO NOTHING RETURNING persistence_id"
             ),
+            // Durable-state rows are locked in persistence-id order (byte order, as the
+            // writer sorts its batch), so two nodes' batches cannot deadlock over them.
             state_lock: format!(
                 "SELECT persistence_id, revision, writer FROM {s}.durable_state
                  WHERE persistence_id = ANY($1::TEXT[])

@@ -1,21 +1,28 @@
 //! The PostgreSQL writer task: whatever is queued is written in one transaction, committed
 //! once, then every caller is answered.
 //!
-//! A batch costs two round trips however many writes it holds, because its statements are
-//! set-based (one statement for all streams, states or events of the batch, with array
-//! parameters) and pipelined (sent together on one connection, answers read afterwards):
+//! A batch's statements are set-based (one statement for all streams, states or events of
+//! the batch, with array parameters) and pipelined (sent together on one connection, answers
+//! read afterwards), so a batch costs one or two round trips however many writes it holds:
 //!
-//! 1. `BEGIN`; create the position rows of streams that may be new; lock and read the
-//!    positions (and newest writers) of every stream and durable state the batch writes,
-//!    in persistence-id order (`… = ANY($1) ORDER BY persistence_id FOR UPDATE`).
+//! 1. Only if needed: `BEGIN`; read the position (highest row and its writer) of every
+//!    stream whose position the lane does not know ([`Known`]), and lock and read every
+//!    durable state the batch writes, in persistence-id order
+//!    (`… = ANY($1) ORDER BY persistence_id FOR UPDATE`).
 //! 2. In Rust, check every write in batch order with the rules every backend uses
 //!    ([`crate::batch::plan`]); refused writes get their own error and write nothing.
-//! 3. Event deletions; all accepted events (one `INSERT … SELECT FROM UNNEST`); all new
-//!    stream positions (one `UPDATE … FROM UNNEST`); snapshot operations; durable-state
-//!    rows; `COMMIT`.
+//! 3. Event deletions; all accepted events (one `INSERT … SELECT FROM UNNEST`); snapshot
+//!    operations; durable-state rows; `COMMIT`.
 //!
-//! Any unexpected database error fails the whole batch: every write in it gets the error
-//! (none is acknowledged) and the connection is dropped rather than returned to the pool.
+//! Stream positions are not locked: the journal's primary key refuses a second row at one
+//! position, so a batch that raced with another writer (or trusted a position that another
+//! node has since moved on) fails on the key as a whole. The lane then forgets the batch's
+//! positions and writes it again with positions read inside the new transaction, which
+//! refuses the stale append with a precise conflict or fencing error; after
+//! [`MAX_ATTEMPTS`] such races every write of the batch gets the error.
+//!
+//! Any other database error fails the whole batch: every write in it gets the error (none
+//! is acknowledged) and the connection is dropped rather than returned to the pool.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -27,11 +34,15 @@ use deadpool_postgres::{Object, Pool};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::{Client, Row, Statement};
 
+use super::known::Known;
 use super::sql::Sql;
 use super::{backend, to_i64, to_u64};
 use crate::batch::{plan, Counters, Done, Op, Plan, Position, SnapshotStep, StateChange};
 use crate::error::StoreError;
 use crate::rules::check_write;
+
+/// How often a batch is written before a race on the journal's primary key fails it.
+pub(super) const MAX_ATTEMPTS: usize = 3;
 
 /// Runs until every sender is gone.
 pub(super) async fn run(
@@ -39,8 +50,10 @@ pub(super) async fn run(
     sql: std::sync::Arc<Sql>,
     mut ops: UnboundedReceiver<Op>,
     max_batch: usize,
+    known_positions: usize,
     counters: std::sync::Arc<Counters>,
 ) {
+    let mut known = Known::new(known_positions);
     let mut batch = Vec::with_capacity(max_batch);
     while let Some(first) = ops.recv().await {
         batch.push(first);
@@ -50,10 +63,17 @@ pub(super) async fn run(
                 Err(_) => break,
             }
         }
-        // Rows are locked in persistence-id order, so two nodes' batches cannot deadlock;
-        // the sort is stable, so one id's writes keep their order.
+        // Durable-state rows are locked in persistence-id order, so two nodes' batches
+        // cannot deadlock; the sort is stable, so one id's writes keep their order.
         batch.sort_by(|a, b| a.persistence_id().cmp(b.persistence_id()));
-        let results = write_batch(&pool, &sql, std::mem::take(&mut batch)).await;
+        let results = write_batch(
+            &pool,
+            &sql,
+            &mut known,
+            &counters,
+            std::mem::take(&mut batch),
+        )
+        .await;
         counters.batch(results.len(), "postgres");
         for done in results {
             done.send();
@@ -61,7 +81,13 @@ pub(super) async fn run(
     }
 }
 
-async fn write_batch(pool: &Pool, sql: &Sql, batch: Vec<Op>) -> Vec<Done> {
+async fn write_batch(
+    pool: &Pool,
+    sql: &Sql,
+    known: &mut Known,
+    counters: &Counters,
+    batch: Vec<Op>,
+) -> Vec<Done> {
     // PostgreSQL text cannot hold NUL: refuse such a write alone instead of failing the
     // statement that carries the whole batch.
     let (batch, unstorable): (Vec<Op>, Vec<Op>) = batch.into_iter().partition(storable);
@@ -76,7 +102,7 @@ async fn write_batch(pool: &Pool, sql: &Sql, batch: Vec<Op>) -> Vec<Done> {
     if batch.is_empty() {
         return results;
     }
-    let client = match pool.get().await {
+    let mut client = match pool.get().await {
         Ok(c) => c,
         Err(e) => {
             let e = StoreError::Backend(format!("postgres pool: {e}"));
@@ -84,25 +110,53 @@ async fn write_batch(pool: &Pool, sql: &Sql, batch: Vec<Op>) -> Vec<Done> {
             return results;
         }
     };
-    let outcomes = match write(&client, sql, &batch).await {
-        Ok(outcomes) => outcomes,
-        Err(Failed { error, plan }) => {
-            let error = backend(error);
-            tracing::error!(error = %error, "PostgreSQL batch failed; every write in it is refused");
+    let mut attempt = 1;
+    let outcomes = loop {
+        let failed = match write(&client, sql, &batch, known, attempt == 1).await {
+            Ok(outcomes) => break outcomes,
+            Err(failed) => failed,
+        };
+        // What the batch's streams hold is unknown now.
+        for op in &batch {
+            known.forget(op.persistence_id());
+        }
+        if failed.raced && attempt < MAX_ATTEMPTS {
+            tracing::debug!(
+                attempt,
+                "PostgreSQL batch raced with another writer; writing it again"
+            );
+            attempt += 1;
+            counters.retry("postgres");
+            if !failed.closed {
+                drop(Object::take(client));
+                client = match pool.get().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let e = StoreError::Backend(format!("postgres pool: {e}"));
+                        results.extend(batch.into_iter().map(|op| op.refuse(e.clone())));
+                        return results;
+                    }
+                };
+            }
+            continue;
+        }
+        let error = backend(failed.error);
+        tracing::error!(error = %error, "PostgreSQL batch failed; every write in it is refused");
+        if !failed.closed {
             // The transaction may still be open: never hand this connection out again.
             drop(Object::take(client));
-            match plan {
-                Some(mut outcomes) => {
-                    for outcome in &mut outcomes {
-                        if outcome.is_ok() {
-                            *outcome = Err(error.clone());
-                        }
-                    }
-                    outcomes
-                }
-                None => vec![Err(error); batch.len()],
-            }
         }
+        break match failed.plan {
+            Some(mut outcomes) => {
+                for outcome in &mut outcomes {
+                    if outcome.is_ok() {
+                        *outcome = Err(error.clone());
+                    }
+                }
+                outcomes
+            }
+            None => vec![Err(error); batch.len()],
+        };
     };
     results.extend(
         batch
@@ -128,12 +182,30 @@ fn storable(op: &Op) -> bool {
 struct Failed {
     error: tokio_postgres::Error,
     plan: Option<Vec<Result<u64, StoreError>>>,
+    /// The error is the journal's primary key refusing a row: another writer got there first.
+    raced: bool,
+    /// The transaction is known to be over (its `COMMIT` was answered, as a rollback).
+    closed: bool,
 }
 
 impl From<tokio_postgres::Error> for Failed {
     fn from(error: tokio_postgres::Error) -> Self {
-        Failed { error, plan: None }
+        Failed {
+            error,
+            plan: None,
+            raced: false,
+            closed: false,
+        }
     }
+}
+
+/// True if `error` is the journal's primary key refusing a second row at one position.
+fn is_journal_race(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+        && error
+            .as_db_error()
+            .and_then(|e| e.constraint())
+            .is_some_and(|c| c == "journal_pkey")
 }
 
 type Rows = Vec<Row>;
@@ -191,49 +263,57 @@ fn positions(rows: &[Row]) -> HashMap<&str, Position> {
 }
 
 /// Writes `batch` (sorted by persistence id) in one transaction; returns each operation's
-/// outcome once committed.
+/// outcome once committed. Positions the lane remembers are trusted if `trust_known`.
 async fn write(
     client: &deadpool_postgres::ClientWrapper,
     sql: &Sql,
     batch: &[Op],
+    known: &mut Known,
+    trust_known: bool,
 ) -> Result<Vec<Result<u64, StoreError>>, Failed> {
-    let appended = distinct(batch.iter().filter_map(|op| match op {
-        Op::Append(r, _) => Some(r.persistence_id.as_str()),
-        _ => None,
-    }));
-    // Only a stream some append expects empty can be new: the others are refused anyway
-    // if they have no position row.
-    let maybe_new = distinct(batch.iter().filter_map(|op| match op {
-        Op::Append(r, _) if r.expected_seq_nr == 0 => Some(r.persistence_id.as_str()),
-        _ => None,
-    }));
+    // The position of each stream, taken at its first append: remembered by the lane, or
+    // read below.
+    let mut remembered: HashMap<&str, Position> = HashMap::new();
+    let mut unknown: Vec<&str> = Vec::new();
+    for op in batch {
+        if let Op::Append(r, _) = op {
+            let pid = r.persistence_id.as_str();
+            if remembered.contains_key(pid) || unknown.last() == Some(&pid) {
+                continue;
+            }
+            match known
+                .confirms(pid, r.expected_seq_nr, r.writer)
+                .filter(|_| trust_known)
+            {
+                Some(position) => {
+                    remembered.insert(pid, position);
+                }
+                None => unknown.push(pid),
+            }
+        }
+    }
     let stated = distinct(batch.iter().filter_map(|op| match op {
         Op::Upsert(w, _) => Some(w.persistence_id.as_str()),
         Op::DeleteState(pid, _, _) => Some(pid.as_str()),
         _ => None,
     }));
 
-    // Round trip 1: begin, create possibly new streams' rows, lock and read positions.
-    let ensure = prepare_if(client, &sql.meta_ensure, !maybe_new.is_empty()).await?;
-    let lock_streams = prepare_if(client, &sql.meta_lock, !appended.is_empty()).await?;
+    // Round trip 1, if anything must be read: begin, read the unknown positions, lock and
+    // read the durable states.
+    let read_streams = prepare_if(client, &sql.positions, !unknown.is_empty()).await?;
     let lock_states = prepare_if(client, &sql.state_lock, !stated.is_empty()).await?;
     let mut pending = vec![simple(client, "BEGIN")];
     let (mut stream_rows, mut state_rows) = (Vec::new(), Vec::new());
-    if lock_streams.is_some() || lock_states.is_some() {
-        if let Some(stmt) = &ensure {
-            pending.push(query(client, stmt, vec![Box::new(&maybe_new)]));
-        }
-        if let Some(stmt) = &lock_streams {
-            pending.push(query(client, stmt, vec![Box::new(&appended)]));
+    if read_streams.is_some() || lock_states.is_some() {
+        if let Some(stmt) = &read_streams {
+            pending.push(query(client, stmt, vec![Box::new(&unknown)]));
         }
         if let Some(stmt) = &lock_states {
             pending.push(query(client, stmt, vec![Box::new(&stated)]));
         }
         let mut answers = pipeline(std::mem::take(&mut pending)).await.into_iter();
-        for answer in answers.by_ref().take(1 + usize::from(ensure.is_some())) {
-            answer?;
-        }
-        if lock_streams.is_some() {
+        answers.next().expect("an answer per request")?;
+        if read_streams.is_some() {
             stream_rows = answers.next().expect("an answer per request")?;
         }
         if lock_states.is_some() {
@@ -245,25 +325,36 @@ async fn write(
     let (streams, states) = (positions(&stream_rows), positions(&state_rows));
     let mut plan = match plan::<Infallible>(
         batch,
-        |pid| Ok(streams.get(pid).copied().unwrap_or_default()),
+        |pid| {
+            Ok(remembered
+                .get(pid)
+                .or_else(|| streams.get(pid))
+                .copied()
+                .unwrap_or_default())
+        },
         |pid| Ok(states.get(pid).copied()),
     ) {
         Ok(plan) => plan,
         Err(never) => match never {},
     };
 
-    // Round trip 2: write the accepted rows and commit.
+    // The last round trip: write the accepted rows and commit.
     match write_plan(client, sql, &plan, pending).await {
         Ok(lost) => {
+            for (pid, position) in &plan.streams {
+                known.committed(pid, *position);
+            }
             let mut outcomes = std::mem::take(&mut plan.outcomes);
             if !lost.is_empty() {
                 refuse_lost_inserts(client, sql, batch, &plan.states, &lost, &mut outcomes).await;
             }
             Ok(outcomes)
         }
-        Err(error) => Err(Failed {
+        Err((error, closed)) => Err(Failed {
+            raced: is_journal_race(&error),
             error,
             plan: Some(plan.outcomes),
+            closed,
         }),
     }
 }
@@ -283,15 +374,46 @@ fn query<'a>(client: &'a Client, stmt: &'a Statement, params: Vec<Param<'a>>) ->
 
 /// Sends `pending` (a `BEGIN` not sent yet, if any) and the statements of `plan`, then
 /// `COMMIT`; returns the durable states whose first row another transaction inserted first.
+/// On an error, also says whether the transaction is known to be over (`COMMIT` answered).
 async fn write_plan<'p, 'a: 'p>(
     client: &'p deadpool_postgres::ClientWrapper,
     sql: &Sql,
     plan: &'p Plan<'a>,
     pending: Vec<Request<'p>>,
-) -> Result<Vec<&'a str>, tokio_postgres::Error> {
+) -> Result<Vec<&'a str>, (tokio_postgres::Error, bool)> {
+    let tombstones = tombstones(plan);
+    write_rows(client, sql, plan, &tombstones, pending).await
+}
+
+/// The final position of every stream whose last accepted event a deletion in the same
+/// batch covered: it is written as a deleted row, so the stream keeps its position.
+fn tombstones<'a>(plan: &Plan<'a>) -> Vec<(&'a str, Position)> {
+    if plan.event_deletes.is_empty() {
+        return Vec::new();
+    }
+    let written: std::collections::HashSet<(&str, u64)> = plan
+        .events
+        .iter()
+        .map(|e| (e.persistence_id, e.seq_nr))
+        .collect();
+    plan.streams
+        .iter()
+        .filter(|(pid, p)| !written.contains(&(*pid, p.seq_nr)))
+        .copied()
+        .collect()
+}
+
+async fn write_rows<'p, 'a: 'p>(
+    client: &'p deadpool_postgres::ClientWrapper,
+    sql: &Sql,
+    plan: &'p Plan<'a>,
+    tombstones: &'p [(&'a str, Position)],
+    pending: Vec<Request<'p>>,
+) -> Result<Vec<&'a str>, (tokio_postgres::Error, bool)> {
+    let unclosed = |e| (e, false);
     let delete_events = prepare_if(client, &sql.delete_events, !plan.event_deletes.is_empty());
     let insert_events = prepare_if(client, &sql.insert_events, !plan.events.is_empty());
-    let meta_update = prepare_if(client, &sql.meta_update, !plan.streams.is_empty());
+    let insert_tombstones = prepare_if(client, &sql.insert_tombstones, !tombstones.is_empty());
     let has_save = plan
         .snapshots
         .iter()
@@ -324,21 +446,21 @@ async fn write_plan<'p, 'a: 'p>(
     let (
         delete_events,
         insert_events,
-        meta_update,
+        insert_tombstones,
         save_snapshot,
         delete_snapshots,
         state_update,
         state_insert,
         state_delete,
     ) = (
-        delete_events.await?,
-        insert_events.await?,
-        meta_update.await?,
-        save_snapshot.await?,
-        delete_snapshots.await?,
-        state_update.await?,
-        state_insert.await?,
-        state_delete.await?,
+        delete_events.await.map_err(unclosed)?,
+        insert_events.await.map_err(unclosed)?,
+        insert_tombstones.await.map_err(unclosed)?,
+        save_snapshot.await.map_err(unclosed)?,
+        delete_snapshots.await.map_err(unclosed)?,
+        state_update.await.map_err(unclosed)?,
+        state_insert.await.map_err(unclosed)?,
+        state_delete.await.map_err(unclosed)?,
     );
     // The statements below borrow the locals above.
     let mut pending: Vec<Request<'_>> = pending;
@@ -382,21 +504,20 @@ async fn write_plan<'p, 'a: 'p>(
             ],
         ));
     }
-    if let Some(stmt) = &meta_update {
-        let streams = &plan.streams;
+    if let Some(stmt) = &insert_tombstones {
         pending.push(query(
             client,
             stmt,
             vec![
-                Box::new(streams.iter().map(|(pid, _)| *pid).collect::<Vec<_>>()),
+                Box::new(tombstones.iter().map(|(pid, _)| *pid).collect::<Vec<_>>()),
                 Box::new(
-                    streams
+                    tombstones
                         .iter()
                         .map(|(_, p)| to_i64(p.seq_nr))
                         .collect::<Vec<_>>(),
                 ),
                 Box::new(
-                    streams
+                    tombstones
                         .iter()
                         .map(|(_, p)| to_i64(p.writer))
                         .collect::<Vec<_>>(),
@@ -439,7 +560,8 @@ async fn write_plan<'p, 'a: 'p>(
     // After a failed statement the server refuses the rest and `COMMIT` rolls back: report
     // the first error.
     if let Some(i) = answers.iter().position(Result::is_err) {
-        return Err(answers.swap_remove(i).expect_err("an error"));
+        let closed = answers.last().is_some_and(Result::is_ok);
+        return Err((answers.swap_remove(i).expect_err("an error"), closed));
     }
     let mut lost = Vec::new();
     if state_insert.is_some() {

@@ -211,6 +211,57 @@ pub async fn two_stores_one_stream<A: Store, B: Store>(a: Arc<A>, b: Arc<B>) {
     }
 }
 
+/// Two stores on the same data take turns on one stream, so each one's idea of where the
+/// stream ends goes stale (a PostgreSQL lane remembers the positions it committed): a
+/// stale append is refused with the stream's true position or newest writer, never
+/// written, and each store goes on from the true position.
+pub async fn two_stores_take_turns_on_one_stream<A: Store, B: Store>(a: Arc<A>, b: Arc<B>) {
+    assert_eq!(a.append(append("turns", 0, 1, &[1])).await, Ok(1));
+    assert_eq!(a.append(append("turns", 1, 1, &[2])).await, Ok(2));
+    // The other store moves the stream on behind the first one's back.
+    assert_eq!(b.append(append("turns", 2, 1, &[3])).await, Ok(3));
+    assert_eq!(
+        a.append(append("turns", 2, 1, &[30])).await,
+        Err(StoreError::Conflict {
+            persistence_id: "turns".into(),
+            expected: 2,
+            actual: 3
+        })
+    );
+    assert_eq!(a.append(append("turns", 3, 1, &[4])).await, Ok(4));
+    // A newer incarnation on the other store: the first store's writer is fenced out even
+    // at the right position, and again after the other store deleted every event.
+    assert_eq!(b.append(append("turns", 4, 2, &[5])).await, Ok(5));
+    assert_eq!(
+        a.append(append("turns", 5, 1, &[50])).await,
+        Err(StoreError::Fenced {
+            persistence_id: "turns".into(),
+            writer: 1,
+            current: 2
+        })
+    );
+    b.delete_up_to("turns", 5).await.unwrap();
+    assert!(amounts(&*a, "turns", 1).await.is_empty());
+    assert_eq!(a.highest_seq_nr("turns").await, Ok(5));
+    assert!(matches!(
+        a.append(append("turns", 5, 1, &[50])).await,
+        Err(StoreError::Fenced { current: 2, .. })
+    ));
+    assert!(matches!(
+        a.append(append("turns", 0, 3, &[50])).await,
+        Err(StoreError::Conflict { actual: 5, .. })
+    ));
+    // The first store's newer incarnation takes over where the stream really ends.
+    assert_eq!(a.append(append("turns", 5, 3, &[6])).await, Ok(6));
+    assert_eq!(a.append(append("turns", 6, 3, &[7])).await, Ok(7));
+    assert!(matches!(
+        b.append(append("turns", 7, 2, &[70])).await,
+        Err(StoreError::Fenced { current: 3, .. })
+    ));
+    assert_eq!(amounts(&*b, "turns", 1).await, [(6, 6), (7, 7)]);
+    assert_eq!(b.highest_seq_nr("turns").await, Ok(7));
+}
+
 /// Writes queued together (a batching store takes them into one transaction) are accepted
 /// or refused one by one, in queue order: a conflict or a fenced writer refuses only its own
 /// write, and a later write of the same stream sees the earlier accepted one.
