@@ -12,7 +12,9 @@
 //! 2. In Rust, check every write in batch order with the rules every backend uses
 //!    ([`crate::batch::plan`]); refused writes get their own error and write nothing.
 //! 3. Event deletions; all accepted events (one `INSERT … SELECT FROM UNNEST`); snapshot
-//!    operations; durable-state rows; `COMMIT`.
+//!    operations; durable-state rows; `COMMIT`. A batch that comes down to one statement
+//!    (typically appends whose positions the lane knows) is sent alone, without `BEGIN` and
+//!    `COMMIT`: PostgreSQL runs a lone statement as a transaction of its own.
 //!
 //! Stream positions are not locked: the journal's primary key refuses a second row at one
 //! position, so a batch that raced with another writer (or trusted a position that another
@@ -464,6 +466,8 @@ async fn write_rows<'p, 'a: 'p>(
     );
     // The statements below borrow the locals above.
     let mut pending: Vec<Request<'_>> = pending;
+    // 1 if `BEGIN` is still to be sent (nothing was read first), else 0.
+    let unsent_begin = pending.len();
 
     if let Some(stmt) = &delete_events {
         for (pid, to) in &plan.event_deletes {
@@ -555,12 +559,20 @@ async fn write_rows<'p, 'a: 'p>(
     if let Some(stmt) = &state_delete {
         pending.push(query(client, stmt, vec![Box::new(deleted)]));
     }
-    pending.push(simple(client, "COMMIT"));
+    // A batch that is one statement (typically: appends whose positions the lane knows)
+    // needs no explicit transaction: PostgreSQL runs a lone statement as one.
+    let alone = unsent_begin == 1 && pending.len() == 2;
+    if alone {
+        drop(pending.remove(0));
+    } else {
+        pending.push(simple(client, "COMMIT"));
+    }
+    let insert_at = insert_at - usize::from(alone);
     let mut answers = pipeline(pending).await;
     // After a failed statement the server refuses the rest and `COMMIT` rolls back: report
     // the first error.
     if let Some(i) = answers.iter().position(Result::is_err) {
-        let closed = answers.last().is_some_and(Result::is_ok);
+        let closed = alone || answers.last().is_some_and(Result::is_ok);
         return Err((answers.swap_remove(i).expect_err("an error"), closed));
     }
     let mut lost = Vec::new();
