@@ -278,3 +278,36 @@ async fn postgres_converts_a_schema_with_a_position_table() {
     assert_eq!(suite::amounts(&*store, "kept", 1).await, [(1, 5)]);
     assert_eq!(store.append(suite::append("kept", 1, 2, &[6])).await, Ok(2));
 }
+
+/// Connecting to a schema that is up to date takes no lock on the journal: a node starting
+/// while another one's transaction reads the journal does not wait for it (nor queue that
+/// node's writers behind itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connecting_to_an_up_to_date_schema_takes_no_table_lock() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let first = pg_store(&url, schema.clone()).await;
+    first.append(suite::append("x", 0, 1, &[1])).await.unwrap();
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to SHARDIK_PG_URL");
+    let connection = tokio::spawn(connection);
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .query(&format!("SELECT count(*) FROM {schema}.journal"), &[])
+        .await
+        .expect("read the journal in an open transaction");
+    // An `ALTER TABLE` would wait for that transaction to end, which it does only below.
+    let second = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        pg_store(&url, schema.clone()),
+    )
+    .await
+    .expect("the second store connected while the journal was being read");
+    assert_eq!(second.highest_seq_nr("x").await, Ok(1));
+    client.batch_execute("COMMIT").await.unwrap();
+    drop(client);
+    connection.await.unwrap().unwrap();
+}

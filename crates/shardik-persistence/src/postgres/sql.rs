@@ -41,6 +41,9 @@ impl Sql {
             // row per event and nothing else. Deleting events keeps the highest row (marked
             // deleted, payload dropped) so the position and its writer survive. Schemas of
             // older versions kept positions in a `journal_meta` table: they are converted.
+            // The catalog is checked first so that a node connecting to an up-to-date schema
+            // takes no table lock (`ALTER TABLE` would, even with `IF NOT EXISTS`, and would
+            // queue every writer behind the longest running query on the journal).
             ddl: format!(
                 "CREATE SCHEMA IF NOT EXISTS {s};
                  CREATE TABLE IF NOT EXISTS {s}.journal (
@@ -53,8 +56,13 @@ impl Sql {
                      written_at TIMESTAMPTZ NOT NULL DEFAULT now(),
                      deleted BOOLEAN NOT NULL DEFAULT false,
                      PRIMARY KEY (persistence_id, seq_nr));
-                 ALTER TABLE {s}.journal ADD COLUMN IF NOT EXISTS deleted BOOLEAN NOT NULL DEFAULT false;
                  DO $$ BEGIN
+                     IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                         WHERE table_schema = '{s}' AND table_name = 'journal'
+                         AND column_name = 'deleted') THEN
+                         ALTER TABLE {s}.journal
+                             ADD COLUMN deleted BOOLEAN NOT NULL DEFAULT false;
+                     END IF;
                      IF to_regclass('{s}.journal_meta') IS NOT NULL THEN
                          INSERT INTO {s}.journal
                              (persistence_id, seq_nr, writer, type_name, version, payload, deleted)
