@@ -311,3 +311,31 @@ async fn postgres_connecting_to_an_up_to_date_schema_takes_no_table_lock() {
     drop(client);
     connection.await.unwrap().unwrap();
 }
+
+/// Nodes starting at the same time against a fresh schema all connect: creating the schema
+/// and its tables is serialized (PostgreSQL's `IF NOT EXISTS` alone does not make concurrent
+/// creation safe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_nodes_starting_together_on_a_fresh_schema_all_connect() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    for _ in 0..5 {
+        let schema = pg_schema();
+        let connects: Vec<_> = (0..4)
+            .map(|_| {
+                let options = PostgresOptions {
+                    schema: schema.clone(),
+                    pool_size: 2,
+                    ..PostgresOptions::default()
+                };
+                let url = url.clone();
+                tokio::spawn(async move { PostgresStore::connect_with(&url, options).await })
+            })
+            .collect();
+        for connect in connects {
+            let store = connect.await.unwrap().expect("every node connects");
+            assert_eq!(store.highest_seq_nr("nobody").await, Ok(0));
+        }
+    }
+}

@@ -44,8 +44,14 @@ impl Sql {
             // The catalog is checked first so that a node connecting to an up-to-date schema
             // takes no table lock (`ALTER TABLE` would, even with `IF NOT EXISTS`, and would
             // queue every writer behind the longest running query on the journal).
+            //
+            // The statements run as one transaction (one simple query), which first takes a
+            // lock of this schema's own: nodes starting together would otherwise race on
+            // `CREATE … IF NOT EXISTS` (which is not safe against concurrent creation) and on
+            // the conversion.
             ddl: format!(
-                "CREATE SCHEMA IF NOT EXISTS {s};
+                "SELECT pg_advisory_xact_lock(hashtextextended('shardik schema {s}', 0));
+                 CREATE SCHEMA IF NOT EXISTS {s};
                  CREATE TABLE IF NOT EXISTS {s}.journal (
                      persistence_id TEXT NOT NULL,
                      seq_nr BIGINT NOT NULL,
