@@ -339,3 +339,21 @@ async fn postgres_nodes_starting_together_on_a_fresh_schema_all_connect() {
         }
     }
 }
+
+/// Processes opening one fresh SQLite file at the same time all open it.
+#[test]
+fn sqlite_stores_opening_one_fresh_file_together_all_open() {
+    for round in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("together-{round}.db"));
+        let opens: Vec<_> = (0..4)
+            .map(|_| {
+                let path = path.clone();
+                std::thread::spawn(move || SqliteStore::open(&path).map(drop))
+            })
+            .collect();
+        for open in opens {
+            open.join().unwrap().expect("every store opens the file");
+        }
+    }
+}

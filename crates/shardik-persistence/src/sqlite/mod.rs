@@ -104,7 +104,16 @@ impl SqliteStore {
             Synchronous::Normal => "NORMAL",
         };
         let conn = connect(&path, sync)?;
-        conn.execute_batch(schema::DDL).map_err(backend)?;
+        // One transaction that takes the write lock first (waiting under the busy timeout):
+        // created statement by statement, a process opening the same fresh file could commit
+        // a table between one statement's read and its write, which SQLite refuses at once.
+        conn.execute_batch(&format!("BEGIN IMMEDIATE; {} COMMIT;", schema::DDL))
+            .map_err(|e| {
+                StoreError::Backend(format!(
+                    "sqlite: creating the tables in {}: {e}",
+                    path.display()
+                ))
+            })?;
         let conns = (0..options.readers.max(1))
             .map(|_| connect(&path, sync).map(Mutex::new))
             .collect::<Result<_, _>>()?;

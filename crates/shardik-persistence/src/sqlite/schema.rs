@@ -56,14 +56,19 @@ CREATE TABLE IF NOT EXISTS sharding_state (
 ) WITHOUT ROWID;
 ";
 
+/// How long opening waits for other connections (busy timeout, and switching to WAL mode).
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Opens a connection in WAL mode with the given `synchronous` level and a busy timeout.
 pub(super) fn connect(path: &std::path::Path, synchronous: &str) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(backend)?;
-    conn.busy_timeout(std::time::Duration::from_secs(10))
-        .map_err(backend)?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .map_err(backend)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(backend)?;
+    let mode = wal_mode(&conn).map_err(|e| {
+        StoreError::Backend(format!(
+            "sqlite: setting WAL mode on {}: {e}",
+            path.display()
+        ))
+    })?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::Backend(format!(
             "SQLite refused WAL mode for {} (got {mode})",
@@ -73,6 +78,28 @@ pub(super) fn connect(path: &std::path::Path, synchronous: &str) -> Result<Conne
     conn.execute_batch(&format!("PRAGMA synchronous={synchronous};"))
         .map_err(backend)?;
     Ok(conn)
+}
+
+/// Switches the database to WAL mode (a no-op once it is) and returns the mode it is in.
+///
+/// Switching needs the database to itself, and SQLite answers `SQLITE_BUSY` at once, without
+/// its busy handler, while another connection holds it (for example another process opening
+/// the same fresh file): retry until that connection is done or [`BUSY_TIMEOUT`] passes.
+fn wal_mode(conn: &Connection) -> rusqlite::Result<String> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            result => return result,
+        }
+    }
 }
 
 pub(super) fn backend(e: rusqlite::Error) -> StoreError {
