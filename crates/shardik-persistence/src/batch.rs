@@ -326,8 +326,9 @@ pub struct WriterStats {
     /// Transactions they were grouped into.
     pub transactions: u64,
     /// Batches written again because another writer appended to one of their streams
-    /// first (PostgreSQL; see [`PostgresStore`](crate::PostgresStore)). Each retry is a
-    /// transaction of its own, counted in `transactions` only once it commits.
+    /// first, or because their connection was lost (PostgreSQL; see
+    /// [`PostgresStore`](crate::PostgresStore)). Each retry is a transaction of its own;
+    /// `transactions` counts the batch once, when it is answered.
     pub retries: u64,
 }
 

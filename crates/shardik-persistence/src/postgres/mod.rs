@@ -82,8 +82,42 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
+/// A store error for a PostgreSQL error, with what the server said if it said anything
+/// (tokio-postgres's own text for a server error is just "db error").
 pub(super) fn backend(e: tokio_postgres::Error) -> StoreError {
-    StoreError::Backend(format!("postgres: {e}"))
+    StoreError::Backend(match e.as_db_error() {
+        Some(db) => {
+            let mut text = format!(
+                "postgres: {} {}: {}",
+                db.severity(),
+                db.code().code(),
+                db.message()
+            );
+            if let Some(detail) = db.detail() {
+                text.push_str(&format!(" ({detail})"));
+            }
+            text
+        }
+        None => format!("postgres: {e}"),
+    })
+}
+
+/// True if `e` means the connection is gone (closed, broken, or ended by the server: a
+/// restart, a failover, an administrator), so a request can only go on over another one.
+/// Repeating a batch there is safe even if its commit had reached the server before the
+/// connection broke: its appends would then be refused by the position check, never written
+/// twice.
+pub(super) fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(code) = e.code() {
+        // Class 08: connection exception; 57P01-57P03: the server is shutting down or
+        // starting up.
+        let code = code.code();
+        return code.starts_with("08") || code.starts_with("57P");
+    }
+    std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
 }
 
 fn pool_error(e: impl std::fmt::Display) -> StoreError {
@@ -177,14 +211,30 @@ impl PostgresStore {
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
+    /// Runs one statement (which must be safe to repeat) on a pooled connection. A
+    /// connection the server has dropped is only found out by using it: the statement then
+    /// goes on over another (the pool drops closed ones), at most once per pooled connection.
     async fn query(
         &self,
         statement: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let stmt = client.prepare_cached(statement).await.map_err(backend)?;
-        client.query(&stmt, params).await.map_err(backend)
+        let mut tries = self.pool.status().max_size + 1;
+        loop {
+            let client = self.pool.get().await.map_err(pool_error)?;
+            let result = match client.prepare_cached(statement).await {
+                Ok(stmt) => client.query(&stmt, params).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if connection_lost(&e) && tries > 1 => {
+                    tries -= 1;
+                    tracing::warn!(error = %e, "PostgreSQL connection lost; trying another");
+                    drop(deadpool_postgres::Object::take(client));
+                }
+                result => return result.map_err(backend),
+            }
+        }
     }
 }
 

@@ -7,10 +7,13 @@ use shardik_sharding::cluster::{
     RecordKey, ShardingRecord, ShardingStateStore, StateStoreError, StateStoreFuture,
 };
 
-use super::{pool_error, to_i64, to_u64, PostgresStore};
+use super::{to_i64, to_u64, PostgresStore};
 
-fn failed(e: impl std::fmt::Display) -> StateStoreError {
-    StateStoreError(format!("postgres: {e}"))
+fn failed(e: crate::error::StoreError) -> StateStoreError {
+    StateStoreError(match e {
+        crate::error::StoreError::Backend(text) => text,
+        other => other.to_string(),
+    })
 }
 
 impl ShardingStateStore for PostgresStore {
@@ -20,14 +23,10 @@ impl ShardingStateStore for PostgresStore {
         record: &'a ShardingRecord,
     ) -> StateStoreFuture<'a, bool> {
         Box::pin(async move {
-            let client = self.pool.get().await.map_err(|e| failed(pool_error(e)))?;
-            let stmt = client
-                .prepare_cached(&self.sql.sharding_save)
-                .await
-                .map_err(failed)?;
-            let changed = client
-                .execute(
-                    &stmt,
+            // The statement returns a row if it inserted or replaced the record.
+            let changed = self
+                .query(
+                    &self.sql.sharding_save,
                     &[
                         &node,
                         &record.key.type_name(),
@@ -39,7 +38,7 @@ impl ShardingStateStore for PostgresStore {
                 )
                 .await
                 .map_err(failed)?;
-            Ok(changed > 0)
+            Ok(!changed.is_empty())
         })
     }
 

@@ -199,7 +199,8 @@ impl Sql {
                  SET rank_major = excluded.rank_major, rank_minor = excluded.rank_minor,
                  payload = excluded.payload, written_at = now()
                  WHERE (excluded.rank_major, excluded.rank_minor)
-                 >= (sharding_state.rank_major, sharding_state.rank_minor)"
+                 >= (sharding_state.rank_major, sharding_state.rank_minor)
+                 RETURNING 1"
             ),
             sharding_load: format!(
                 "SELECT type_name, shard, rank_major, rank_minor, payload FROM {s}.sharding_state

@@ -38,7 +38,7 @@ use tokio_postgres::{Client, Row, Statement};
 
 use super::known::Known;
 use super::sql::Sql;
-use super::{backend, to_i64, to_u64};
+use super::{backend, connection_lost, to_i64, to_u64};
 use crate::batch::{plan, Counters, Done, Op, Plan, Position, SnapshotStep, StateChange};
 use crate::error::StoreError;
 use crate::rules::check_write;
@@ -113,6 +113,8 @@ async fn write_batch(
         }
     };
     let mut attempt = 1;
+    // Connections the server dropped are found out by using them: at most the whole pool.
+    let mut lost_left = pool.status().max_size + 1;
     let outcomes = loop {
         let failed = match write(&client, sql, &batch, known, attempt == 1).await {
             Ok(outcomes) => break outcomes,
@@ -122,14 +124,23 @@ async fn write_batch(
         for op in &batch {
             known.forget(op.persistence_id());
         }
-        if failed.raced && attempt < MAX_ATTEMPTS {
-            tracing::debug!(
-                attempt,
-                "PostgreSQL batch raced with another writer; writing it again"
-            );
-            attempt += 1;
+        let lost = connection_lost(&failed.error);
+        if (failed.raced && attempt < MAX_ATTEMPTS) || (lost && lost_left > 1) {
+            if lost {
+                tracing::warn!(
+                    error = %failed.error,
+                    "PostgreSQL connection lost; writing the batch again on another"
+                );
+                lost_left -= 1;
+            } else {
+                tracing::debug!(
+                    attempt,
+                    "PostgreSQL batch raced with another writer; writing it again"
+                );
+                attempt += 1;
+            }
             counters.retry("postgres");
-            if !failed.closed {
+            if lost || !failed.closed {
                 drop(Object::take(client));
                 client = match pool.get().await {
                     Ok(c) => c,
