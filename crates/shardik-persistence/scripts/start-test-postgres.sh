@@ -8,8 +8,15 @@
 # The server runs as the current user; when run as root (initdb refuses root) it runs as the
 # `postgres` system user instead. It listens on 127.0.0.1 only, trusts local connections and
 # runs with fsync off: for tests, never for data. Stop it with the command printed on stderr.
+# It also accepts TLS, with a certificate for 127.0.0.1 signed by a throwaway CA (made with
+# openssl; without openssl the server is plaintext only): the CA certificate is copied to
+# $PG_CA_OUT if set, for the TLS tests (SHARDIK_PG_CA):
+#
+#   export SHARDIK_PG_CA=/tmp/shardik-pg-ca.pem
+#   export SHARDIK_PG_URL=$(PG_CA_OUT=$SHARDIK_PG_CA crates/shardik-persistence/scripts/start-test-postgres.sh)
+#
 # Environment: PG_BIN (the server's bin directory), PG_PORT (default: the first free port
-# from 54329).
+# from 54329), PG_CA_OUT (see above).
 set -euo pipefail
 
 PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)}
@@ -36,8 +43,30 @@ run "$PG_BIN/initdb" -D "$DIR/data" -U shardik --auth=trust -E UTF8 >"$DIR/initd
     cat "$DIR/initdb.log" >&2
     exit 1
 }
+SSL_OPTS=""
+if command -v openssl >/dev/null 2>&1; then
+    (
+        cd "$DIR"
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 \
+            -subj "/CN=shardik-test-ca" -keyout ca.key -out ca.pem
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=127.0.0.1" \
+            -keyout server.key -out server.csr
+        printf "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n" >ext.cnf
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 7 \
+            -extfile ext.cnf -out server.pem
+        chmod 600 server.key
+        if [ "$(id -u)" = 0 ]; then chown postgres server.key server.pem; fi
+    ) >"$DIR/tls.log" 2>&1 || {
+        cat "$DIR/tls.log" >&2
+        exit 1
+    }
+    SSL_OPTS="-c ssl=on -c ssl_cert_file=$DIR/server.pem -c ssl_key_file=$DIR/server.key"
+    if [ -n "${PG_CA_OUT:-}" ]; then cp "$DIR/ca.pem" "$PG_CA_OUT"; fi
+else
+    echo "start-test-postgres: no openssl, so no TLS (the TLS tests will be skipped)" >&2
+fi
 run "$PG_BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w \
-    -o "-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
+    -o "-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 $SSL_OPTS" \
     start >/dev/null || {
     cat "$DIR/server.log" >&2
     exit 1

@@ -124,7 +124,7 @@ pub use event_sourced::{EventSourced, EventSourcedEntity};
 pub use faulty::FaultyStore;
 pub use memory::InMemoryStore;
 pub use persistence::{persistence_id, Persistence};
-pub use postgres::{PostgresOptions, PostgresStore};
+pub use postgres::{PostgresOptions, PostgresStore, PostgresTls};
 pub use record::{
     AppendRequest, Incarnation, PersistedEvent, SnapshotRecord, StateRecord, StateWrite,
 };

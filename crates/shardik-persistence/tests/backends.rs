@@ -9,7 +9,9 @@ mod suite;
 
 use std::sync::Arc;
 
-use shardik_persistence::{InMemoryStore, Journal, PostgresOptions, PostgresStore, SqliteStore};
+use shardik_persistence::{
+    InMemoryStore, Journal, PostgresOptions, PostgresStore, PostgresTls, SqliteStore,
+};
 
 /// Keeps a backend's resources (a temporary directory) alive for one test.
 type Guard = Box<dyn std::any::Any + Send>;
@@ -86,6 +88,27 @@ fn sqlite_pair(file: &str) -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteSt
     let a = Arc::new(SqliteStore::open(&path).unwrap());
     let b = Arc::new(SqliteStore::open(&path).unwrap());
     (dir, a, b)
+}
+
+/// `url` with `application_name` set to `name`, so the test can find the store's
+/// connections in `pg_stat_activity`.
+fn tagged(url: &str, name: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}application_name={name}")
+}
+
+/// A plain client of the test server, for looking at (or cutting) a store's connections;
+/// await the handle after dropping the client.
+async fn admin(
+    url: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to SHARDIK_PG_URL");
+    (client, tokio::spawn(connection))
 }
 
 /// A store in a fresh schema of the server at `SHARDIK_PG_URL`, or `None` without one.
@@ -367,15 +390,9 @@ async fn postgres_writes_go_on_after_the_server_drops_the_connections() {
         return;
     };
     let schema = pg_schema();
-    let tagged = format!(
-        "{url}{}application_name={schema}",
-        if url.contains('?') { '&' } else { '?' }
-    );
+    let tagged = tagged(&url, &schema);
     let store = pg_store(&tagged, schema.clone()).await;
-    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to SHARDIK_PG_URL");
-    let connection = tokio::spawn(connection);
+    let (admin, connection) = admin(&url).await;
     // Whether a batch or read meets a dropped connection or the pool has already noticed
     // it is a race, so cut them several times; before batches and reads went on over
     // another connection, most runs failed here.
@@ -407,4 +424,94 @@ async fn postgres_writes_go_on_after_the_server_drops_the_connections() {
     }
     drop(admin);
     connection.await.unwrap().unwrap();
+}
+
+/// The CA that signed the test server's certificate (`SHARDIK_PG_CA`, written by
+/// `scripts/start-test-postgres.sh` through `PG_CA_OUT`), or `None` (said on stderr; with
+/// `SHARDIK_REQUIRE_PG=1` a failure instead).
+fn pg_ca() -> Option<String> {
+    match std::env::var("SHARDIK_PG_CA") {
+        Ok(path) => Some(path),
+        Err(_) => {
+            assert!(
+                std::env::var("SHARDIK_REQUIRE_PG").is_err(),
+                "SHARDIK_REQUIRE_PG is set but SHARDIK_PG_CA is not: the TLS test cannot run"
+            );
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** PostgreSQL TLS test SKIPPED: SHARDIK_PG_CA is not set ***\n"
+            );
+            None
+        }
+    }
+}
+
+/// A CA that signed nothing the test server uses.
+const OTHER_CA: &str = "-----BEGIN CERTIFICATE-----\n\
+MIIBiDCCAS2gAwIBAgIUNZOcXxKhG78SD2hyLqo0vmGVIpswCgYIKoZIzj0EAwIw\n\
+GDEWMBQGA1UEAwwNc29tZS1vdGhlci1jYTAgFw0yNjExMjUyMDM1MDRaGA8yMTI2\n\
+MTEwMTIwMzUwNFowGDEWMBQGA1UEAwwNc29tZS1vdGhlci1jYTBZMBMGByqGSM49\n\
+AgEGCCqGSM49AwEHA0IABL3dIl0zal6/WiFHs+/cvcNUSB26e2xr9vygLDVtrOHZ\n\
+6Yw5I8kIKs7RP/K06hTW+5Xj0h2OwFl0nMpGYsF6YhqjUzBRMB0GA1UdDgQWBBSo\n\
+DZ/Rlj0pBhTwWoyVWiHmlN9M+DAfBgNVHSMEGDAWgBSoDZ/Rlj0pBhTwWoyVWiHm\n\
+lN9M+DAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0kAMEYCIQDq2x1sWQqB\n\
+h+pscKpXpcrrp7jTHa4RTROa4l90ChhuNAIhANWmKaavgoF6XIDOYOMF5G8POmly\n\
+4LZrQ8WRR+oCeJoF\n\
+-----END CERTIFICATE-----";
+
+/// A store configured with TLS talks to the server over TLS only, verifies the server's
+/// certificate, and refuses a server whose certificate another CA signed, with an error that
+/// says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_verifies_the_server() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let Some(ca) = pg_ca() else {
+        return;
+    };
+    let schema = pg_schema();
+    let tagged = tagged(&url, &schema);
+    let options = PostgresOptions {
+        schema: schema.clone(),
+        pool_size: 2,
+        tls: Some(PostgresTls::from_ca_pem_file(&ca).expect("the test CA loads")),
+        ..PostgresOptions::default()
+    };
+    let store = PostgresStore::connect_with(&tagged, options)
+        .await
+        .expect("connect over TLS");
+    assert_eq!(store.append(suite::append("tls", 0, 1, &[7])).await, Ok(1));
+    assert_eq!(suite::amounts(&store, "tls", 1).await, [(1, 7)]);
+
+    let (admin, connection) = admin(&url).await;
+    let rows = admin
+        .query(
+            "SELECT s.ssl FROM pg_stat_activity AS a JOIN pg_stat_ssl AS s USING (pid)
+             WHERE a.application_name = $1",
+            &[&schema],
+        )
+        .await
+        .expect("read the store's connections");
+    assert!(!rows.is_empty(), "the store has connections");
+    assert!(
+        rows.iter().all(|r| r.get::<_, bool>(0)),
+        "every connection of the store is encrypted"
+    );
+    drop(admin);
+    connection.await.unwrap().unwrap();
+
+    let untrusted = PostgresOptions {
+        schema,
+        tls: Some(PostgresTls::from_ca_pem(OTHER_CA.as_bytes()).expect("the other CA loads")),
+        ..PostgresOptions::default()
+    };
+    let refused = PostgresStore::connect_with(&url, untrusted)
+        .await
+        .expect_err("a server certificate from another CA is refused");
+    assert!(
+        refused.to_string().contains("certificate"),
+        "the error says why: {refused}"
+    );
 }

@@ -16,7 +16,10 @@
 mod known;
 mod sharding;
 mod sql;
+mod tls;
 mod writer;
+
+pub use tls::PostgresTls;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -51,6 +54,9 @@ pub struct PostgresOptions {
     /// committed is written without reading the position first; any other append reads it
     /// in its batch's transaction. About 100 bytes per stream.
     pub known_positions: usize,
+    /// TLS to the server (default `None`: plaintext, as `NoTls`). With TLS, a URL without
+    /// `sslmode` (or with `prefer`) means `require`. See [`PostgresTls`].
+    pub tls: Option<PostgresTls>,
 }
 
 impl Default for PostgresOptions {
@@ -61,14 +67,15 @@ impl Default for PostgresOptions {
             max_batch: 1024,
             writers: 2,
             known_positions: 100_000,
+            tls: None,
         }
     }
 }
 
 /// A [`Journal`], [`SnapshotStore`], [`StateStore`] and
-/// [`ShardingStateStore`](shardik_sharding::cluster::ShardingStateStore) in PostgreSQL (no
-/// TLS). Nodes sharing one schema each see only their own sharding records (keyed by node
-/// id).
+/// [`ShardingStateStore`](shardik_sharding::cluster::ShardingStateStore) in PostgreSQL,
+/// over plaintext or TLS ([`PostgresOptions::tls`]). Nodes sharing one schema each see only
+/// their own sharding records (keyed by node id).
 pub struct PostgresStore {
     pool: Pool,
     sql: Arc<Sql>,
@@ -98,7 +105,7 @@ pub(super) fn backend(e: tokio_postgres::Error) -> StoreError {
             }
             text
         }
-        None => format!("postgres: {e}"),
+        None => format!("postgres: {}", with_causes(&e)),
     })
 }
 
@@ -120,8 +127,24 @@ pub(super) fn connection_lost(e: &tokio_postgres::Error) -> bool {
     std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
 }
 
-fn pool_error(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("postgres pool: {e}"))
+pub(super) fn pool_error(e: impl std::error::Error) -> StoreError {
+    StoreError::Backend(format!("postgres pool: {}", with_causes(&e)))
+}
+
+/// `e` and its sources, outermost first ("error performing TLS handshake: invalid peer
+/// certificate: UnknownIssuer"), skipping a source whose text its parent already shows.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 pub(super) fn to_i64(v: u64) -> i64 {
@@ -150,14 +173,21 @@ impl PostgresStore {
                 options.schema
             )));
         }
-        let config = tokio_postgres::Config::from_str(url).map_err(backend)?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let mut config = tokio_postgres::Config::from_str(url).map_err(backend)?;
+        let recycling = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &options.tls {
+            None => Manager::from_config(config, NoTls, recycling),
+            Some(tls) => {
+                // Asking for TLS and accepting plaintext would be a silent downgrade.
+                if config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer {
+                    config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                }
+                let connect = tokio_postgres_rustls::MakeRustlsConnect::new((*tls.client).clone());
+                Manager::from_config(config, connect, recycling)
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(2))
             .build()

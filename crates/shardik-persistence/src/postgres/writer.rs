@@ -38,7 +38,7 @@ use tokio_postgres::{Client, Row, Statement};
 
 use super::known::Known;
 use super::sql::Sql;
-use super::{backend, connection_lost, to_i64, to_u64};
+use super::{backend, connection_lost, pool_error, to_i64, to_u64};
 use crate::batch::{plan, Counters, Done, Op, Plan, Position, SnapshotStep, StateChange};
 use crate::error::StoreError;
 use crate::rules::check_write;
@@ -107,7 +107,7 @@ async fn write_batch(
     let mut client = match pool.get().await {
         Ok(c) => c,
         Err(e) => {
-            let e = StoreError::Backend(format!("postgres pool: {e}"));
+            let e = pool_error(e);
             results.extend(batch.into_iter().map(|op| op.refuse(e.clone())));
             return results;
         }
@@ -145,7 +145,7 @@ async fn write_batch(
                 client = match pool.get().await {
                     Ok(c) => c,
                     Err(e) => {
-                        let e = StoreError::Backend(format!("postgres pool: {e}"));
+                        let e = pool_error(e);
                         results.extend(batch.into_iter().map(|op| op.refuse(e.clone())));
                         return results;
                     }
