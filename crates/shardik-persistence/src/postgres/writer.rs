@@ -23,6 +23,11 @@
 //! refuses the stale append with a precise conflict or fencing error; after
 //! [`MAX_ATTEMPTS`] such races every write of the batch gets the error.
 //!
+//! A batch whose connection turns out to be gone (the server restarted, failed over or
+//! ended it) is written again on another connection, at most once per pooled connection;
+//! that is safe even if its commit had reached the server, as the position check then
+//! refuses its appends instead of writing them twice.
+//!
 //! Any other database error fails the whole batch: every write in it gets the error (none
 //! is acknowledged) and the connection is dropped rather than returned to the pool.
 
