@@ -70,6 +70,35 @@ pub async fn entity_recovers_from_snapshot_and_events<S: Store>(store: Arc<S>) {
     .await;
 }
 
+/// An entity whose stream lost events it needs (deleted without a snapshot to stand in for
+/// them) does not recover from what is left: it never answers from a wrong state.
+pub async fn entity_with_missing_events_does_not_recover<S: Store>(store: Arc<S>) {
+    with_account(
+        &store,
+        "acc-gap",
+        PersistSettings::default(),
+        |a| async move {
+            for _ in 0..5 {
+                a.ask(|r| AccountCmd::Deposit(1, r), T).await.unwrap();
+            }
+        },
+    )
+    .await;
+    store.delete_up_to("acc-gap", 2).await.unwrap();
+    let system = ActorSystem::new("suite");
+    let props = persistence(store.clone())
+        .event_sourced_props("acc-gap", PersistSettings::default(), || Bank)
+        .supervisor(shardik_actor::SupervisorStrategy::Stop);
+    let account = system.spawn_props(props);
+    let reply = account.ask(AccountCmd::Balance, T).await;
+    assert!(
+        matches!(reply, Err(AskError::NoReply | AskError::Stopped)),
+        "no answer from an entity missing events 1 and 2: {reply:?}"
+    );
+    account.terminated().await;
+    system.shutdown().await;
+}
+
 pub async fn entity_snapshot_retention<S: Store>(store: Arc<S>) {
     let settings = PersistSettings::default()
         .snapshot_every(2)

@@ -43,6 +43,7 @@ macro_rules! store_suite {
                 entity_recovers_from_events,
                 entity_recovers_from_snapshot_and_events,
                 entity_snapshot_retention,
+                entity_with_missing_events_does_not_recover,
                 entity_conflict_is_not_acknowledged,
                 older_node_takes_a_stream_over_and_fences_the_previous_owner,
                 durable_state_restored,
