@@ -28,24 +28,7 @@ async fn sqlite() -> Option<(Arc<SqliteStore>, Guard)> {
 
 /// The URL of the PostgreSQL server to test against, or `None` (said once on stderr).
 fn pg_url() -> Option<String> {
-    let Ok(url) = std::env::var("SHARDIK_PG_URL") else {
-        assert!(
-            std::env::var("SHARDIK_REQUIRE_PG").is_err(),
-            "SHARDIK_REQUIRE_PG is set but SHARDIK_PG_URL is not: PostgreSQL tests cannot run"
-        );
-        static SAID: std::sync::Once = std::sync::Once::new();
-        SAID.call_once(|| {
-            // Straight to stderr: libtest captures only the print macros.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** PostgreSQL tests SKIPPED: SHARDIK_PG_URL is not set \
-                 (crates/shardik-persistence/scripts/start-test-postgres.sh starts a server) ***\n"
-            );
-        });
-        return None;
-    };
-    Some(url)
+    common::pg_env("SHARDIK_PG_URL", "PostgreSQL tests")
 }
 
 /// A fresh schema name per call, so tests sharing one server do not see each other.
@@ -427,24 +410,9 @@ async fn postgres_writes_go_on_after_the_server_drops_the_connections() {
 }
 
 /// The CA that signed the test server's certificate (`SHARDIK_PG_CA`, written by
-/// `scripts/start-test-postgres.sh` through `PG_CA_OUT`), or `None` (said on stderr; with
-/// `SHARDIK_REQUIRE_PG=1` a failure instead).
+/// `scripts/start-test-postgres.sh` through `PG_CA_OUT`), or `None` (said on stderr).
 fn pg_ca() -> Option<String> {
-    match std::env::var("SHARDIK_PG_CA") {
-        Ok(path) => Some(path),
-        Err(_) => {
-            assert!(
-                std::env::var("SHARDIK_REQUIRE_PG").is_err(),
-                "SHARDIK_REQUIRE_PG is set but SHARDIK_PG_CA is not: the TLS test cannot run"
-            );
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** PostgreSQL TLS test SKIPPED: SHARDIK_PG_CA is not set ***\n"
-            );
-            None
-        }
-    }
+    common::pg_env("SHARDIK_PG_CA", "the PostgreSQL TLS test")
 }
 
 /// A CA that signed nothing the test server uses.

@@ -271,16 +271,7 @@ async fn sqlite_bank_survives_failover_and_full_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_bank_survives_failover_and_full_restart() {
-    let Ok(url) = std::env::var("SHARDIK_PG_URL") else {
-        assert!(
-            std::env::var("SHARDIK_REQUIRE_PG").is_err(),
-            "SHARDIK_REQUIRE_PG is set but SHARDIK_PG_URL is not: PostgreSQL tests cannot run"
-        );
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "*** PostgreSQL bank cluster test SKIPPED: SHARDIK_PG_URL is not set ***"
-        );
+    let Some(url) = common::pg_env("SHARDIK_PG_URL", "PostgreSQL bank cluster test") else {
         return;
     };
     let schema = format!("bank_cluster_{}", std::process::id());

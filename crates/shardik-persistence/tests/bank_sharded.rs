@@ -105,16 +105,7 @@ async fn sqlite_bank_survives_a_full_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_bank_survives_a_full_restart() {
-    let Ok(url) = std::env::var("SHARDIK_PG_URL") else {
-        assert!(
-            std::env::var("SHARDIK_REQUIRE_PG").is_err(),
-            "SHARDIK_PG_URL is not set"
-        );
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "*** PostgreSQL bank test SKIPPED: SHARDIK_PG_URL is not set ***"
-        );
+    let Some(url) = common::pg_env("SHARDIK_PG_URL", "PostgreSQL bank test") else {
         return;
     };
     let schema = format!("bank_{}", std::process::id());

@@ -8,6 +8,7 @@
 //! id); runs when `SHARDIK_PG_URL` names a server, like `backends.rs`.
 
 mod cluster_util;
+mod common;
 mod probe;
 
 use std::collections::BTreeSet;
@@ -182,16 +183,7 @@ async fn sqlite_remembered_entities_survive_a_full_cluster_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_remembered_entities_survive_a_full_cluster_restart() {
-    let Ok(url) = std::env::var("SHARDIK_PG_URL") else {
-        assert!(
-            std::env::var("SHARDIK_REQUIRE_PG").is_err(),
-            "SHARDIK_REQUIRE_PG is set but SHARDIK_PG_URL is not: PostgreSQL tests cannot run"
-        );
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "*** PostgreSQL sharding restart test SKIPPED: SHARDIK_PG_URL is not set ***"
-        );
+    let Some(url) = common::pg_env("SHARDIK_PG_URL", "PostgreSQL sharding restart test") else {
         return;
     };
     // One schema for the three nodes: each reads back only its own records.

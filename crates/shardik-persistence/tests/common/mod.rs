@@ -118,3 +118,28 @@ where
 {
     Persistence::new(store).with_incarnation(1)
 }
+
+/// The value of `var`, which PostgreSQL tests need, or `None` after saying once per variable
+/// on stderr that `what` is skipped (straight to stderr: libtest captures only the print
+/// macros). With `SHARDIK_REQUIRE_PG` set, as in CI, a missing variable fails the test.
+pub fn pg_env(var: &str, what: &str) -> Option<String> {
+    if let Ok(value) = std::env::var(var) {
+        return Some(value);
+    }
+    assert!(
+        std::env::var("SHARDIK_REQUIRE_PG").is_err(),
+        "SHARDIK_REQUIRE_PG is set but {var} is not: {what} cannot run"
+    );
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if !said.iter().any(|v| v == var) {
+        said.push(var.to_string());
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n*** {what} SKIPPED: {var} is not set \
+             (crates/shardik-persistence/scripts/start-test-postgres.sh starts a server) ***\n"
+        );
+    }
+    None
+}
