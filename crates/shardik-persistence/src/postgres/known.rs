@@ -8,7 +8,8 @@
 //! `n + 1` exists and the journal's primary key refuses the insert. The writer then forgets
 //! the batch's positions and runs it again with positions read from the database, which
 //! refuses the stale append with the precise error. Nothing else moves a position: rows are
-//! never rewritten, and deleting events keeps the highest row.
+//! never rewritten, and deleting events keeps the highest row. (Rows deleted by hand, outside
+//! the store, break that assumption; `known_positions: 0` turns remembering off.)
 
 use std::num::NonZeroUsize;
 
