@@ -724,7 +724,7 @@ async fn run_connection<R, W>(
     node.tasks.spawn(write_loop(
         node.clone(),
         peer.clone(),
-        lane,
+        (lane, id),
         writer,
         remote.node_id.clone(),
         cancel.clone(),
@@ -943,7 +943,7 @@ async fn yield_once() {
 async fn write_loop<W: AsyncWrite + Unpin>(
     node: Arc<Node>,
     peer: Arc<Peer>,
-    lane: Lane,
+    (lane, conn_id): (Lane, u64),
     mut writer: W,
     remote_id: String,
     cancel: CancellationToken,
@@ -952,7 +952,13 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     // Whether the last write carried more than one frame: traffic comes in bursts.
     let mut bursty = false;
     loop {
-        let Some(segment) = queue.take() else {
+        // A write can take long (a peer that stopped reading); the connection may have been
+        // cancelled or replaced meanwhile. Then the frames are the next connection's: the
+        // queue hands them only to the writer of the connection it was assigned to.
+        if cancel.is_cancelled() {
+            break;
+        }
+        let Some(segment) = queue.take(conn_id) else {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,

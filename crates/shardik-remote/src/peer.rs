@@ -373,9 +373,10 @@ impl Peer {
                     .filter_map(|l| l.ended_at)
                     .min()
                     .unwrap_or_else(Instant::now);
-                for l in &mut st.lanes {
+                for (l, link) in st.lanes.iter_mut().zip(&self.links) {
                     if let Some(old) = l.conn.take() {
                         old.cancel.cancel();
+                        link.queue.release(old.id);
                     }
                     l.ended_at = None;
                 }
@@ -393,6 +394,9 @@ impl Peer {
             old.cancel.cancel();
         }
         l.ended_at = None;
+        // From here on only this connection's writer takes the lane's frames: the replaced
+        // one's, even if it has not seen its cancellation yet, gets none.
+        self.links[lane.index()].queue.assign(slot.id);
         l.conn = Some(slot);
         self.link(lane).connected.store(true, Ordering::Release);
         // The dialer of an association also makes its other connection, at once.
@@ -441,6 +445,7 @@ impl Peer {
         let last = !st.any_connected();
         drop(st);
         let link = self.link(lane);
+        link.queue.release(id);
         link.connected.store(false, Ordering::Release);
         link.wake.notify_one();
         Some(last)
@@ -460,6 +465,8 @@ impl Peer {
         for lane in lanes {
             if let Some(c) = &st.lanes[lane.index()].conn {
                 c.cancel.cancel();
+                // Frames queued from now on wait for the next connection.
+                self.link(*lane).queue.release(c.id);
             }
         }
     }

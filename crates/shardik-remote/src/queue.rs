@@ -7,6 +7,12 @@
 //! are kept in *segments* of at most `per_write` frames each; the writer takes the oldest
 //! segment and writes it with one `write_all`, then gives its buffer back for reuse. So a
 //! message costs the sender no allocation and the writer no per-frame work.
+//!
+//! Only the writer of the lane's current connection takes frames: the queue records which
+//! connection that is ([`OutQueue::assign`]), and a writer of a connection that was replaced
+//! or ended gets nothing, even if it comes back from a long write before it sees that its
+//! connection was cancelled. (Before, such a writer took the next frame and wrote it to a
+//! dead socket: the frame was lost although a new connection was up.)
 
 use std::collections::VecDeque;
 
@@ -37,6 +43,8 @@ struct Inner {
     frames: usize,
     /// Emptied buffers the writer gave back.
     spare: Vec<BytesMut>,
+    /// The connection whose writer may take frames, if any.
+    writer: Option<u64>,
 }
 
 /// A buffer that grew past this is freed after its write instead of kept for reuse.
@@ -96,9 +104,33 @@ impl OutQueue {
         self.inner.lock().frames >= self.cap
     }
 
-    /// Takes the oldest segment, if any.
-    pub(crate) fn take(&self) -> Option<Segment> {
+    /// Makes connection `writer` the only one whose writer takes frames, and wakes it if
+    /// frames wait.
+    pub(crate) fn assign(&self, writer: u64) {
+        let waiting = {
+            let mut q = self.inner.lock();
+            q.writer = Some(writer);
+            q.frames > 0
+        };
+        if waiting {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Connection `writer` ended: if it was the assigned one, frames now wait for the next.
+    pub(crate) fn release(&self, writer: u64) {
         let mut q = self.inner.lock();
+        if q.writer == Some(writer) {
+            q.writer = None;
+        }
+    }
+
+    /// Takes the oldest segment, if any and if `writer` is the assigned connection.
+    pub(crate) fn take(&self, writer: u64) -> Option<Segment> {
+        let mut q = self.inner.lock();
+        if q.writer != Some(writer) {
+            return None;
+        }
         let seg = q.segments.pop_front()?;
         q.frames -= seg.frames;
         Some(seg)
@@ -134,32 +166,34 @@ mod tests {
     #[test]
     fn bounded_drop_newest_and_fifo_segments() {
         let q = OutQueue::new(3, 2);
+        q.assign(1);
         q.push(b"a").unwrap();
         q.push(b"b").unwrap();
         q.push(b"c").unwrap();
         assert!(q.is_full());
         assert_eq!(q.push(b"d"), Err(Full::Full));
         assert_eq!(q.len(), 3);
-        let first = q.take().unwrap();
+        let first = q.take(1).unwrap();
         assert_eq!((&first.bytes[..], first.frames), (&b"ab"[..], 2));
         assert_eq!(q.len(), 1);
         q.recycle(first.bytes);
         q.push(b"e").unwrap();
-        let second = q.take().unwrap();
+        let second = q.take(1).unwrap();
         assert_eq!((&second.bytes[..], second.frames), (&b"ce"[..], 2));
         assert!(q.is_empty());
-        assert!(q.take().is_none());
+        assert!(q.take(1).is_none());
     }
 
     #[test]
     fn recycled_buffers_are_reused_empty() {
         let q = OutQueue::new(10, 1);
+        q.assign(1);
         q.push(b"xyz").unwrap();
-        let seg = q.take().unwrap();
+        let seg = q.take(1).unwrap();
         let cap = seg.bytes.capacity();
         q.recycle(seg.bytes);
         q.push(b"k").unwrap();
-        let again = q.take().unwrap();
+        let again = q.take(1).unwrap();
         assert_eq!(&again.bytes[..], b"k");
         assert_eq!(again.bytes.capacity(), cap);
     }
@@ -168,14 +202,43 @@ mod tests {
     fn only_the_push_that_fills_an_empty_queue_wakes_the_writer() {
         use futures_util::FutureExt;
         let q = OutQueue::new(10, 10);
+        q.assign(1);
         q.push(b"1").unwrap();
         q.push(b"2").unwrap();
         // One stored permit from the first push ...
         assert!(q.ready.notified().now_or_never().is_some());
         // ... and none from the second.
         assert!(q.ready.notified().now_or_never().is_none());
-        assert_eq!(q.take().unwrap().frames, 2);
+        assert_eq!(q.take(1).unwrap().frames, 2);
         q.push(b"3").unwrap();
         assert!(q.ready.notified().now_or_never().is_some());
+    }
+
+    #[test]
+    fn only_the_current_connections_writer_takes_frames() {
+        use futures_util::FutureExt;
+        let q = OutQueue::new(10, 10);
+        // Frames queued while no connection is up wait for one.
+        q.push(b"1").unwrap();
+        assert!(q.ready.notified().now_or_never().is_some());
+        assert!(q.take(1).is_none());
+        // Assigning a connection wakes its writer, which takes them.
+        q.assign(1);
+        assert!(q.ready.notified().now_or_never().is_some());
+        assert_eq!(&q.take(1).unwrap().bytes[..], b"1");
+        // Connection 2 replaces 1: the old writer, back from a long write, gets nothing.
+        q.assign(2);
+        q.push(b"2").unwrap();
+        assert!(q.take(1).is_none());
+        // An old connection ending does not take the lane from the new one.
+        q.release(1);
+        assert_eq!(&q.take(2).unwrap().bytes[..], b"2");
+        // The current one ending leaves frames for the next.
+        q.release(2);
+        q.push(b"3").unwrap();
+        assert!(q.take(2).is_none());
+        assert_eq!(q.len(), 1);
+        q.assign(3);
+        assert_eq!(&q.take(3).unwrap().bytes[..], b"3");
     }
 }
