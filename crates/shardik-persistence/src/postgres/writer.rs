@@ -430,7 +430,20 @@ async fn write_rows<'p, 'a: 'p>(
 ) -> Result<Vec<&'a str>, (tokio_postgres::Error, bool)> {
     let unclosed = |e| (e, false);
     let delete_events = prepare_if(client, &sql.delete_events, !plan.event_deletes.is_empty());
-    let insert_events = prepare_if(client, &sql.insert_events, !plan.events.is_empty());
+    // Events of one type and version (the usual batch) carry the type once.
+    let one_type = plan.events.windows(2).all(|w| {
+        w[0].payload.type_name == w[1].payload.type_name
+            && w[0].payload.version == w[1].payload.version
+    });
+    let insert_events = prepare_if(
+        client,
+        if one_type {
+            &sql.insert_events_of_one_type
+        } else {
+            &sql.insert_events
+        },
+        !plan.events.is_empty(),
+    );
     let insert_tombstones = prepare_if(client, &sql.insert_tombstones, !tombstones.is_empty());
     let has_save = plan
         .snapshots
@@ -496,13 +509,14 @@ async fn write_rows<'p, 'a: 'p>(
     }
     if let Some(stmt) = &insert_events {
         let events = &plan.events;
-        pending.push(query(
-            client,
-            stmt,
-            vec![
-                Box::new(events.iter().map(|e| e.persistence_id).collect::<Vec<_>>()),
-                Box::new(events.iter().map(|e| to_i64(e.seq_nr)).collect::<Vec<_>>()),
-                Box::new(events.iter().map(|e| to_i64(e.writer)).collect::<Vec<_>>()),
+        let (type_name, version): (Param<'_>, Param<'_>) = if one_type {
+            let first = &events[0].payload;
+            (
+                Box::new(first.type_name.as_str()),
+                Box::new(i64::from(first.version)),
+            )
+        } else {
+            (
                 Box::new(
                     events
                         .iter()
@@ -515,6 +529,17 @@ async fn write_rows<'p, 'a: 'p>(
                         .map(|e| i64::from(e.payload.version))
                         .collect::<Vec<_>>(),
                 ),
+            )
+        };
+        pending.push(query(
+            client,
+            stmt,
+            vec![
+                Box::new(events.iter().map(|e| e.persistence_id).collect::<Vec<_>>()),
+                Box::new(events.iter().map(|e| to_i64(e.seq_nr)).collect::<Vec<_>>()),
+                Box::new(events.iter().map(|e| to_i64(e.writer)).collect::<Vec<_>>()),
+                type_name,
+                version,
                 Box::new(
                     events
                         .iter()

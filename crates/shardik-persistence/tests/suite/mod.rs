@@ -30,6 +30,7 @@ macro_rules! store_suite {
         mod $backend {
             $crate::store_suite!(@cases $make;
                 append_and_read_in_order,
+                events_keep_their_own_type_and_version,
                 append_conflict_writes_nothing,
                 two_writers_one_id,
                 delete_keeps_the_position,

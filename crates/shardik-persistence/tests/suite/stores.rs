@@ -22,6 +22,48 @@ pub async fn append_and_read_in_order<S: Store>(store: Arc<S>) {
     assert!(store.read("nobody", 1, 10).await.unwrap().is_empty());
 }
 
+/// Events of several types and versions in one batch (PostgreSQL sends a batch of one type
+/// and version with the type once, any other with a type per row), and batches of one type
+/// next to them: every event is read back with its own type, version and bytes.
+pub async fn events_keep_their_own_type_and_version<S: Store>(store: Arc<S>) {
+    let payload = |type_name: &str, version: u32, bytes: &[u8]| Payload {
+        type_name: type_name.into(),
+        version,
+        bytes: bytes.to_vec(),
+    };
+    let mixed = vec![
+        payload("shop.Ordered", 1, b"o1"),
+        payload("shop.Paid", 1, b"p1"),
+        payload("shop.Ordered", 2, b"o2"),
+    ];
+    let uniform = vec![
+        payload("shop.Paid", 3, b"p3"),
+        payload("shop.Paid", 3, b"p4"),
+    ];
+    let request = |pid: &str, events: Vec<Payload>| shardik_persistence::AppendRequest {
+        persistence_id: pid.into(),
+        expected_seq_nr: 0,
+        writer: 1,
+        events,
+    };
+    // Sent together, so that a batching store may put them in one batch.
+    let (m, u) = tokio::join!(
+        store.append(request("mixed", mixed.clone())),
+        store.append(request("uniform", uniform.clone()))
+    );
+    assert_eq!((m, u), (Ok(3), Ok(2)));
+    for (pid, written) in [("mixed", mixed), ("uniform", uniform)] {
+        let read: Vec<Payload> = store
+            .read(pid, 1, usize::MAX)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.payload)
+            .collect();
+        assert_eq!(read, written, "stream {pid}");
+    }
+}
+
 pub async fn append_conflict_writes_nothing<S: Store>(store: Arc<S>) {
     store.append(append("a", 0, 1, &[1, 2])).await.unwrap();
     let err = store.append(append("a", 1, 1, &[3, 4])).await.unwrap_err();
