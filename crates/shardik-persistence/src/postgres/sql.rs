@@ -5,7 +5,7 @@ pub(super) struct Sql {
     pub(super) ddl: String,
     pub(super) positions: String,
     pub(super) insert_events: String,
-    pub(super) insert_events_of_one_type: String,
+    pub(super) insert_uniform_events: String,
     pub(super) insert_tombstones: String,
     pub(super) delete_events: String,
     pub(super) read_events: String,
@@ -118,14 +118,14 @@ impl Sql {
                  SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
                  $5::BIGINT[], $6::BYTEA[])"
             ),
-            // The usual batch: every event of one type and version, sent once rather than per
-            // row (measured: 2.31 against 2.76 µs of execution per row in batches of 250,
-            // and less to send and decode).
-            insert_events_of_one_type: format!(
+            // The usual batch: every event of one type and version, by one writer, which are
+            // sent once rather than per row (measured: 2.04 against 2.76 µs of execution per
+            // row in batches of 250, and less to send and decode).
+            insert_uniform_events: format!(
                 "INSERT INTO {s}.journal (persistence_id, seq_nr, writer, type_name, version, payload)
-                 SELECT u.persistence_id, u.seq_nr, u.writer, $4::TEXT, $5::BIGINT, u.payload
-                 FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $6::BYTEA[])
-                     AS u(persistence_id, seq_nr, writer, payload)"
+                 SELECT u.persistence_id, u.seq_nr, $3::BIGINT, $4::TEXT, $5::BIGINT, u.payload
+                 FROM UNNEST($1::TEXT[], $2::BIGINT[], $6::BYTEA[])
+                     AS u(persistence_id, seq_nr, payload)"
             ),
             insert_tombstones: format!(
                 "INSERT INTO {s}.journal

@@ -430,15 +430,16 @@ async fn write_rows<'p, 'a: 'p>(
 ) -> Result<Vec<&'a str>, (tokio_postgres::Error, bool)> {
     let unclosed = |e| (e, false);
     let delete_events = prepare_if(client, &sql.delete_events, !plan.event_deletes.is_empty());
-    // Events of one type and version (the usual batch) carry the type once.
-    let one_type = plan.events.windows(2).all(|w| {
-        w[0].payload.type_name == w[1].payload.type_name
+    // Events of one type and version by one writer (the usual batch) carry them once.
+    let uniform = plan.events.windows(2).all(|w| {
+        w[0].writer == w[1].writer
+            && w[0].payload.type_name == w[1].payload.type_name
             && w[0].payload.version == w[1].payload.version
     });
     let insert_events = prepare_if(
         client,
-        if one_type {
-            &sql.insert_events_of_one_type
+        if uniform {
+            &sql.insert_uniform_events
         } else {
             &sql.insert_events
         },
@@ -509,14 +510,16 @@ async fn write_rows<'p, 'a: 'p>(
     }
     if let Some(stmt) = &insert_events {
         let events = &plan.events;
-        let (type_name, version): (Param<'_>, Param<'_>) = if one_type {
-            let first = &events[0].payload;
+        let (writer, type_name, version): (Param<'_>, Param<'_>, Param<'_>) = if uniform {
+            let first = &events[0];
             (
-                Box::new(first.type_name.as_str()),
-                Box::new(i64::from(first.version)),
+                Box::new(to_i64(first.writer)),
+                Box::new(first.payload.type_name.as_str()),
+                Box::new(i64::from(first.payload.version)),
             )
         } else {
             (
+                Box::new(events.iter().map(|e| to_i64(e.writer)).collect::<Vec<_>>()),
                 Box::new(
                     events
                         .iter()
@@ -537,7 +540,7 @@ async fn write_rows<'p, 'a: 'p>(
             vec![
                 Box::new(events.iter().map(|e| e.persistence_id).collect::<Vec<_>>()),
                 Box::new(events.iter().map(|e| to_i64(e.seq_nr)).collect::<Vec<_>>()),
-                Box::new(events.iter().map(|e| to_i64(e.writer)).collect::<Vec<_>>()),
+                writer,
                 type_name,
                 version,
                 Box::new(

@@ -22,9 +22,10 @@ pub async fn append_and_read_in_order<S: Store>(store: Arc<S>) {
     assert!(store.read("nobody", 1, 10).await.unwrap().is_empty());
 }
 
-/// Events of several types and versions in one batch (PostgreSQL sends a batch of one type
-/// and version with the type once, any other with a type per row), and batches of one type
-/// next to them: every event is read back with its own type, version and bytes.
+/// Events of several types and versions, or of several writers, in one batch (PostgreSQL
+/// sends a batch of one type, version and writer with them once, any other with them per
+/// row), and batches of one type next to them: every event is read back with its own type,
+/// version, writer and bytes.
 pub async fn events_keep_their_own_type_and_version<S: Store>(store: Arc<S>) {
     let payload = |type_name: &str, version: u32, bytes: &[u8]| Payload {
         type_name: type_name.into(),
@@ -40,27 +41,49 @@ pub async fn events_keep_their_own_type_and_version<S: Store>(store: Arc<S>) {
         payload("shop.Paid", 3, b"p3"),
         payload("shop.Paid", 3, b"p4"),
     ];
-    let request = |pid: &str, events: Vec<Payload>| shardik_persistence::AppendRequest {
-        persistence_id: pid.into(),
-        expected_seq_nr: 0,
-        writer: 1,
-        events,
-    };
+    let request =
+        |pid: &str, writer: u64, events: Vec<Payload>| shardik_persistence::AppendRequest {
+            persistence_id: pid.into(),
+            expected_seq_nr: 0,
+            writer,
+            events,
+        };
     // Sent together, so that a batching store may put them in one batch.
-    let (m, u) = tokio::join!(
-        store.append(request("mixed", mixed.clone())),
-        store.append(request("uniform", uniform.clone()))
+    let (m, u, w) = tokio::join!(
+        store.append(request("mixed", 1, mixed.clone())),
+        store.append(request("uniform", 1, uniform.clone())),
+        store.append(request("other-writer", 2, uniform.clone())),
     );
-    assert_eq!((m, u), (Ok(3), Ok(2)));
-    for (pid, written) in [("mixed", mixed), ("uniform", uniform)] {
-        let read: Vec<Payload> = store
-            .read(pid, 1, usize::MAX)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| e.payload)
-            .collect();
-        assert_eq!(read, written, "stream {pid}");
+    assert_eq!((m, u, w), (Ok(3), Ok(2), Ok(2)));
+    // Alone: one type, one writer, but several events.
+    assert_eq!(
+        store.append(request("alone", 5, uniform.clone())).await,
+        Ok(2)
+    );
+    // Many streams of one type by two writers at once: batches hold both writers.
+    let both = futures_util::future::join_all(
+        (0..32u64).map(|i| store.append(request(&format!("by-{i}"), 1 + i % 2, uniform.clone()))),
+    )
+    .await;
+    assert!(both.iter().all(|r| *r == Ok(2)), "{both:?}");
+    for i in 0..32u64 {
+        let read = store.read(&format!("by-{i}"), 1, usize::MAX).await.unwrap();
+        let writers: Vec<u64> = read.iter().map(|e| e.writer).collect();
+        assert_eq!(writers, [1 + i % 2; 2], "stream by-{i}");
+    }
+    for (pid, writer, written) in [
+        ("mixed", 1, mixed),
+        ("uniform", 1, uniform.clone()),
+        ("other-writer", 2, uniform.clone()),
+        ("alone", 5, uniform),
+    ] {
+        let read = store.read(pid, 1, usize::MAX).await.unwrap();
+        assert!(
+            read.iter().all(|e| e.writer == writer),
+            "stream {pid}: {read:?}"
+        );
+        let payloads: Vec<Payload> = read.into_iter().map(|e| e.payload).collect();
+        assert_eq!(payloads, written, "stream {pid}");
     }
 }
 
