@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use shardik_actor::{Actor, ActorError, Context};
+use shardik_sharding::FencingToken;
 
 use crate::codec::{Payload, Versioned};
 use crate::effect::StateEffect;
@@ -60,7 +61,8 @@ pub struct DurableStateEntity<B: DurableState> {
     state: B::State,
     revision: u64,
     recovered: bool,
-    /// The writer incarnation, fixed by the first successful save (see `save`).
+    /// The writer incarnation: the shard's fencing token from the start, or fixed by the
+    /// first successful save (see `save`).
     writer: Option<Incarnation>,
 }
 
@@ -82,6 +84,15 @@ impl<B: DurableState> DurableStateEntity<B> {
             recovered: false,
             writer: None,
         }
+    }
+
+    /// Makes the entity save with `token` (if `Some`) instead of its node's incarnation; see
+    /// [`EventSourcedEntity::with_fencing_token`](crate::EventSourcedEntity::with_fencing_token).
+    pub fn with_fencing_token(mut self, token: Option<FencingToken>) -> Self {
+        if let Some(token) = token {
+            self.writer = Some(token);
+        }
+        self
     }
 
     async fn recover(&mut self) -> Result<(), PersistenceError> {

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use shardik_actor::{Actor, ActorError, Context};
+use shardik_sharding::FencingToken;
 
 use crate::codec::{Payload, Versioned};
 use crate::effect::Effect;
@@ -81,8 +82,8 @@ pub struct EventSourcedEntity<B: EventSourced> {
     state: B::State,
     seq_nr: u64,
     recovered: bool,
-    /// The writer incarnation this incarnation of the entity writes with, fixed by its first
-    /// successful write (see `persist`).
+    /// The writer incarnation this incarnation of the entity writes with: its shard's fencing
+    /// token from the start, or fixed by its first successful write (see `persist`).
     writer: Option<Incarnation>,
 }
 
@@ -104,6 +105,19 @@ impl<B: EventSourced> EventSourcedEntity<B> {
             recovered: false,
             writer: None,
         }
+    }
+
+    /// Makes the entity write with `token` (if `Some`) instead of its node's incarnation: the
+    /// [`FencingToken`] of its shard's allocation, which
+    /// [`Persistence::event_sourced`](crate::Persistence::event_sourced) entity types pass in.
+    /// A write is then refused with [`StoreError::Fenced`] once an owner with a higher token
+    /// (the shard's next home) has written the stream, in every later incarnation too: unlike
+    /// a node incarnation, a token never takes a stream over.
+    pub fn with_fencing_token(mut self, token: Option<FencingToken>) -> Self {
+        if let Some(token) = token {
+            self.writer = Some(token);
+        }
+        self
     }
 
     /// The entity's stream.

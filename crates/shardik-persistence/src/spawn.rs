@@ -23,13 +23,14 @@ impl Persistence {
         let persistence = self.clone();
         let settings = Arc::new(settings);
         let name = type_name.to_string();
-        EntityType::new(type_name, move |id: &str| {
+        EntityType::new_fenced(type_name, move |id: &str, token| {
             EventSourcedEntity::new(
                 factory(id),
                 persistence_id(&name, id),
                 persistence.clone(),
                 settings.clone(),
             )
+            .with_fencing_token(token)
         })
     }
 
@@ -44,13 +45,14 @@ impl Persistence {
         let persistence = self.clone();
         let settings = Arc::new(settings);
         let name = type_name.to_string();
-        EntityType::new(type_name, move |id: &str| {
+        EntityType::new_fenced(type_name, move |id: &str, token| {
             DurableStateEntity::new(
                 factory(id),
                 persistence_id(&name, id),
                 persistence.clone(),
                 settings.clone(),
             )
+            .with_fencing_token(token)
         })
     }
 

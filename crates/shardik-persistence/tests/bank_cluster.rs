@@ -1,9 +1,10 @@
 //! The bank on a three-node cluster: event-sourced accounts sharded over the nodes, the
 //! journal and each node's sharding state on the stores. Deposits go through every node;
-//! the youngest node crashes while they run; its accounts fail over to the others (older
-//! nodes: their `Persistence` incarnations are older than the one the streams were last
-//! written with, so each account's first write there takes over above it); then the whole cluster stops and a new one starts on the same
-//! storage. No acknowledged deposit is lost, and nothing that was not attempted appears.
+//! the youngest node crashes while they run; its accounts fail over to the others (their
+//! shards are allocated again, with higher fencing tokens, which the accounts write with
+//! there); then the whole cluster stops and a new one starts on the same storage. No
+//! acknowledged deposit is lost, nothing that was not attempted appears, and the deposits of
+//! the new cluster are stored with their shard's fencing token.
 //!
 //! SQLite: one file shared by the three nodes (as processes on one machine would share
 //! it). PostgreSQL: one schema; runs when `SHARDIK_PG_URL` names a server.
@@ -20,17 +21,18 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use shardik_persistence::{
-    PersistSettings, Persistence, PostgresOptions, PostgresStore, SqliteStore,
+    persistence_id, PersistSettings, Persistence, PostgresOptions, PostgresStore, SqliteStore,
 };
 use shardik_sharding::cluster::{ClusterShardingSettings, ShardingStateStore};
-use shardik_sharding::Region;
+use shardik_sharding::{shard_of, Region};
 use tokio::sync::watch;
 
-use cluster_util::{members, stop_all, wait_state, Member};
+use cluster_util::{coordinator_where, members, stop_all, wait_state, Member};
 use common::{AccountCmd, Bank};
 
 const TYPE: &str = "account";
 const ACCOUNTS: usize = 24;
+const SHARDS: u32 = 12;
 const ASK: Duration = Duration::from_secs(3);
 
 fn start_bank(m: &Member, persistence: &Persistence) -> Region<AccountCmd> {
@@ -40,7 +42,7 @@ fn start_bank(m: &Member, persistence: &Persistence) -> Region<AccountCmd> {
         .start_with(
             persistence
                 .event_sourced(TYPE, settings, |_| Bank)
-                .shards(12),
+                .shards(SHARDS),
             sharding,
         )
         .expect("bank starts")
@@ -171,8 +173,8 @@ where
         .map(|i| caller(regions[i].clone(), ledger.clone(), stops[i].clone(), i * 7))
         .collect();
     until_acked(&ledger, 150).await;
-    // The youngest node: its `Persistence` is the newest, so every stream it wrote carries a
-    // writer incarnation above the survivors'.
+    // The youngest node (with node incarnations instead of fencing tokens, its streams would
+    // carry a writer above the survivors').
     const VICTIM: usize = 2;
     let on_victim = nodes[VICTIM]
         .sharding
@@ -235,9 +237,10 @@ where
     // The whole cluster stops; a new one starts on the same storage.
     stop_all(&nodes).await;
     drop((regions, nodes, stores, persistences));
-    let (nodes, regions, _stores, _persistences) = life(&open, 2).await;
+    let (nodes, regions, _stores, persistences) = life(&open, 2).await;
     let refs: Vec<&Region<AccountCmd>> = regions.iter().collect();
     assert_eq!(balances(&refs).await, after_failover);
+    let before = coordinator_where(&nodes, TYPE, "coordinator", |_| true).await;
     // And they keep taking deposits.
     for (i, region) in regions.iter().enumerate() {
         let name = account(i);
@@ -252,6 +255,32 @@ where
             Ok(after_failover[&name] + 1)
         );
     }
+    // Each deposit was written with the fencing token of its shard's allocation (where the
+    // shard did not move meanwhile), not with the node's incarnation.
+    let after = coordinator_where(&nodes, TYPE, "coordinator", |_| true).await;
+    let journal = persistences[0].journal();
+    let mut checked = 0;
+    for i in 0..regions.len() {
+        let name = account(i);
+        let shard = shard_of(&name, SHARDS);
+        let token = after.state.token(shard);
+        assert_ne!(token, 0, "{name}: shard {shard} has a token");
+        if before.state.token(shard) != token {
+            continue; // Allocated or moved while we deposited.
+        }
+        let pid = persistence_id(TYPE, &name);
+        let last = journal.highest_seq_nr(&pid).await.unwrap();
+        let events = journal.read(&pid, last, 1).await.unwrap();
+        assert_eq!(
+            events[0].writer, token,
+            "{name}: written with its shard's token"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked > 0,
+        "some shard kept its home while it took a deposit"
+    );
     stop_all(&nodes).await;
 }
 

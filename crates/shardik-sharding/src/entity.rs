@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use shardik_actor::{Actor, ActorSettings, MailboxConfig, SupervisorStrategy};
 
+use crate::coordination::FencingToken;
 use crate::error::ShardingError;
 use crate::hash::{ShardFn, ShardId};
 
@@ -13,7 +14,8 @@ pub const DEFAULT_SHARDS: u32 = 100;
 /// Default limit of messages buffered per entity while it stops.
 pub const DEFAULT_BUFFER_LIMIT: usize = 10_000;
 
-pub(crate) type EntityFactory<A> = Arc<dyn Fn(&str) -> A + Send + Sync>;
+/// Makes an entity from its id and the fencing token of its shard's allocation.
+pub(crate) type EntityFactory<A> = Arc<dyn Fn(&str, Option<FencingToken>) -> A + Send + Sync>;
 
 /// The definition of an entity type: a name, a factory from entity id to actor, a shard count
 /// and how entities are passivated.
@@ -52,6 +54,38 @@ impl<A: Actor> EntityType<A> {
     pub fn new(
         name: impl Into<String>,
         factory: impl Fn(&str) -> A + Send + Sync + 'static,
+    ) -> Self {
+        Self::new_fenced(name, move |id, _| factory(id))
+    }
+
+    /// Like [`new`](EntityType::new), but the factory also gets the [`FencingToken`] of the
+    /// allocation of the entity's shard to this node, for entities that write to a store
+    /// shared by the cluster: writing with it lets the store refuse a node that still runs
+    /// the entity after its shard moved on (after a network partition, say), because the new
+    /// owner's token is higher. It is the same for every incarnation of the entity started
+    /// under one allocation (restarts included) and higher after every move.
+    ///
+    /// `None` where no coordinator hands out tokens: in a region started with
+    /// [`Sharding::start`](crate::Sharding::start) (one node), and for shards allocated by a
+    /// coordinator of an older version. `shardik-persistence`'s entity types use it.
+    ///
+    /// ```
+    /// use shardik_sharding::EntityType;
+    /// # use shardik_actor::{Actor, ActorError, Context};
+    /// # struct Account { id: String, writer: Option<u64> }
+    /// # impl Actor for Account {
+    /// #     type Msg = ();
+    /// #     async fn handle(&mut self, _: (), _: &mut Context<Self>) -> Result<(), ActorError> { Ok(()) }
+    /// # }
+    /// let accounts = EntityType::new_fenced("account", |id: &str, token: Option<u64>| Account {
+    ///     id: id.to_string(),
+    ///     writer: token,
+    /// });
+    /// assert_eq!(accounts.name(), "account");
+    /// ```
+    pub fn new_fenced(
+        name: impl Into<String>,
+        factory: impl Fn(&str, Option<FencingToken>) -> A + Send + Sync + 'static,
     ) -> Self {
         EntityType {
             name: name.into(),

@@ -66,6 +66,7 @@ pub mod shard;
 mod sharding;
 mod stats;
 
+pub use coordination::FencingToken;
 pub use entity::{EntityType, DEFAULT_BUFFER_LIMIT, DEFAULT_SHARDS};
 pub use error::ShardingError;
 pub use extract::{ExtractAskError, ExtractError, ExtractingRegion, Extractor, MessageExtractor};

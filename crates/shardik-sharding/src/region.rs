@@ -15,6 +15,7 @@ use shardik_actor::{
     Actor, ActorRef, ActorSettings, ActorSystem, Props, StopReason, TellError, Termination,
 };
 
+use crate::coordination::FencingToken;
 use crate::entity::{EntityFactory, EntityType};
 use crate::hash::{ShardFn, ShardId};
 use crate::shard::{AfterStop, Delivery, Ended, EntityHandle, EntityId, ShardState};
@@ -66,6 +67,10 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// Starts entity `id` of `shard` without a message if it has no incarnation (remembered
     /// entities on a new home). The caller hosts the shard.
     fn start_entity(&self, shard: ShardId, id: &str);
+
+    /// Sets the fencing token entities of `shard` are started with from now on (the token of
+    /// the shard's allocation here; `None`: the coordinator gave none).
+    fn set_fencing_token(&self, shard: ShardId, token: Option<FencingToken>);
 }
 
 /// A live entity incarnation as the shard sees it.
@@ -117,6 +122,8 @@ pub(crate) struct LocalRegion<A: Actor> {
     shard_count: u32,
     shard_fn: ShardFn,
     shards: Box<[Mutex<LocalShard<A::Msg>>]>,
+    /// Per shard: the fencing token its entities are started with (0: none).
+    tokens: Box<[AtomicU64]>,
     factory: EntityFactory<A>,
     settings: Arc<ActorSettings<A::Msg>>,
     lru: Option<Mutex<LruCache<EntityId, ()>>>,
@@ -160,6 +167,7 @@ impl<A: Actor> LocalRegion<A> {
                 shards: (0..shards)
                     .map(|_| Mutex::new(ShardState::new(buffer_limit)))
                     .collect(),
+                tokens: (0..shards).map(|_| AtomicU64::new(0)).collect(),
                 factory,
                 settings: Arc::new(settings),
                 lru: max_live.map(|_| Mutex::new(LruCache::unbounded())),
@@ -183,11 +191,17 @@ impl<A: Actor> LocalRegion<A> {
         region
     }
 
-    fn spawn_entity(&self, id: &EntityId) -> EntityCell<A::Msg> {
+    fn spawn_entity(&self, shard: ShardId, id: &EntityId) -> EntityCell<A::Msg> {
         let factory = self.factory.clone();
         let key = id.clone();
-        let props =
-            Props::with_settings(move || factory(&key), self.settings.clone()).name(id.clone());
+        // Fixed for the incarnation (restarts included): the token of the allocation under
+        // which it was started.
+        let token = match self.tokens[shard as usize].load(Ordering::Acquire) {
+            0 => None,
+            t => Some(t),
+        };
+        let props = Props::with_settings(move || factory(&key, token), self.settings.clone())
+            .name(id.clone());
         self.counters.spawned.fetch_add(1, Ordering::Relaxed);
         EntityCell(self.system.spawn_props(props))
     }
@@ -255,7 +269,7 @@ impl<A: Actor> LocalRegion<A> {
             let unhandled = self.forced.lock().get(&shard).cloned();
             respawn &= unhandled.is_none();
             let after = state.terminated(&id, ended, respawn, self.now(), |key| {
-                self.spawn_entity(key)
+                self.spawn_entity(shard, key)
             });
             if let Some(lru) = &self.lru {
                 let mut lru = lru.lock();
@@ -415,6 +429,12 @@ fn spawn_idle_sweeper<A: Actor>(region: &Arc<LocalRegion<A>>, timeout: Duration)
 }
 
 impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
+    fn set_fencing_token(&self, shard: ShardId, token: Option<FencingToken>) {
+        if let Some(slot) = self.tokens.get(shard as usize) {
+            slot.store(token.unwrap_or(0), Ordering::Release);
+        }
+    }
+
     fn stop_shard(&self, shard: ShardId, done: ShardStopped) {
         if shard >= self.shard_count {
             done();
@@ -464,7 +484,7 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
         let mut victims = Vec::new();
         {
             let mut state = self.shards[shard as usize].lock();
-            if state.ensure(id, self.now(), |key| self.spawn_entity(key)) {
+            if state.ensure(id, self.now(), |key| self.spawn_entity(shard, key)) {
                 self.track(id, &Delivery::Spawned, &mut victims);
             }
         }
@@ -489,7 +509,7 @@ impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
         let mut victims = Vec::new();
         let delivery = {
             let mut state = self.shards[shard as usize].lock();
-            let delivery = state.deliver(id, msg, self.now(), |key| self.spawn_entity(key));
+            let delivery = state.deliver(id, msg, self.now(), |key| self.spawn_entity(shard, key));
             self.track(id, &delivery, &mut victims);
             delivery
         };

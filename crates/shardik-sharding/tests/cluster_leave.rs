@@ -81,6 +81,13 @@ async fn leave(leaver: usize) -> Vec<Node> {
             homes.len() == 2 && homes[1] != name,
             "{id} moved once: {homes:?}"
         );
+        // The new home writes with the token of the shard's new allocation: higher, so a
+        // store refuses the old home should it still run the entity.
+        let tokens = reg.tokens.lock()[id].clone();
+        match tokens[..] {
+            [Some(old), Some(new)] => assert!(new > old, "{id}: {tokens:?}"),
+            _ => panic!("{id}: every incarnation gets a token: {tokens:?}"),
+        }
     }
     reg.assert_single_writer();
     nodes

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use shardik_actor::{ActorSystem, AskError};
-use shardik_persistence::{persistence_id, PersistSettings};
+use shardik_persistence::{
+    persistence_id, DurableStateEntity, EventSourcedEntity, PersistSettings,
+};
 
 use super::{amounts, Store};
 use crate::common::{persistence, AccountCmd, Bank, Counter, CounterCmd, T};
@@ -182,6 +184,93 @@ pub async fn older_node_takes_a_stream_over_and_fences_the_previous_owner<S: Sto
         Err(AskError::NoReply)
     );
     assert_eq!(amounts(&*store, &pid, 1).await, [(1, 10), (2, 5), (3, 1)]);
+    system.shutdown().await;
+}
+
+/// A plain actor writing `pid` with fencing token `token`, as a sharded entity whose shard
+/// was allocated with that token does.
+fn fenced_account<S: Store>(
+    store: &Arc<S>,
+    pid: &str,
+    token: u64,
+) -> shardik_actor::Props<EventSourcedEntity<Bank>> {
+    // A node incarnation far above both tokens: a token writer ignores it.
+    let persistence = persistence(store.clone()).with_incarnation(u64::MAX / 4);
+    let pid = pid.to_string();
+    shardik_actor::Props::new(move || {
+        EventSourcedEntity::new(
+            Bank,
+            pid.clone(),
+            persistence.clone(),
+            Arc::new(PersistSettings::default()),
+        )
+        .with_fencing_token(Some(token))
+    })
+}
+
+/// The split-brain case fencing tokens exist for: a shard moved to a new owner (a higher
+/// token) while the old owner still runs the entity. Once the new owner has written, the
+/// old one can never append again, not even after its entity restarts and recovers (a node
+/// incarnation would take the stream back then), so its commands are never acknowledged.
+pub async fn stale_owner_stays_fenced_out_after_restarts<S: Store>(store: Arc<S>) {
+    let system = ActorSystem::new("suite");
+    let pid = persistence_id("account", "split");
+    let old = system.spawn_props(fenced_account(&store, &pid, 100));
+    assert_eq!(old.ask(|r| AccountCmd::Deposit(10, r), T).await, Ok(10));
+    // The shard's next home recovers and writes above the old owner.
+    let new = system.spawn_props(fenced_account(&store, &pid, 200));
+    assert_eq!(new.ask(|r| AccountCmd::Deposit(5, r), T).await, Ok(15));
+    // The old owner is refused, then restarts (the default policy), recovers both deposits
+    // and is refused again: three attempts, none acknowledged, none stored.
+    for amount in [100, 1, 2] {
+        assert_eq!(
+            old.ask(|r| AccountCmd::Deposit(amount, r), T).await,
+            Err(AskError::NoReply),
+            "deposit of {amount} by the stale owner"
+        );
+    }
+    assert_eq!(
+        old.ask(AccountCmd::Inspect, T).await,
+        Ok((15, 2)),
+        "it did recover"
+    );
+    assert_eq!(new.ask(|r| AccountCmd::Deposit(1, r), T).await, Ok(16));
+    assert_eq!(amounts(&*store, &pid, 1).await, [(1, 10), (2, 5), (3, 1)]);
+    system.shutdown().await;
+}
+
+/// The same for durable state: a stale owner's saves stay refused after restarts.
+pub async fn stale_state_owner_stays_fenced_out_after_restarts<S: Store>(store: Arc<S>) {
+    let system = ActorSystem::new("suite");
+    let owner = |token: u64| {
+        let persistence = persistence(store.clone()).with_incarnation(u64::MAX / 4);
+        shardik_actor::Props::new(move || {
+            DurableStateEntity::new(
+                Counter,
+                "counter-split",
+                persistence.clone(),
+                Arc::new(PersistSettings::default()),
+            )
+            .with_fencing_token(Some(token))
+        })
+    };
+    let old = system.spawn_props(owner(100));
+    assert_eq!(old.ask(|r| CounterCmd::Add(10, r), T).await, Ok(10));
+    let new = system.spawn_props(owner(200));
+    assert_eq!(new.ask(|r| CounterCmd::Add(5, r), T).await, Ok(15));
+    for n in [100, 1] {
+        assert_eq!(
+            old.ask(|r| CounterCmd::Add(n, r), T).await,
+            Err(AskError::NoReply),
+            "add of {n} by the stale owner"
+        );
+    }
+    assert_eq!(old.ask(CounterCmd::Get, T).await, Ok(15), "it did recover");
+    assert_eq!(new.ask(|r| CounterCmd::Add(1, r), T).await, Ok(16));
+    assert_eq!(
+        store.get("counter-split").await.unwrap().unwrap().revision,
+        3
+    );
     system.shutdown().await;
 }
 

@@ -47,6 +47,8 @@ macro_rules! store_suite {
                 entity_with_missing_events_does_not_recover,
                 entity_conflict_is_not_acknowledged,
                 older_node_takes_a_stream_over_and_fences_the_previous_owner,
+                stale_owner_stays_fenced_out_after_restarts,
+                stale_state_owner_stays_fenced_out_after_restarts,
                 durable_state_restored,
                 sharding_state_newer_wins,
                 sharding_state_concurrent_writers_keep_the_highest,

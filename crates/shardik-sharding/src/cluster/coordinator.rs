@@ -412,12 +412,21 @@ impl CoordinatorDriver {
     }
 }
 
+/// Wall-clock microseconds since the Unix epoch, for fencing tokens (0 if the clock is set
+/// before 1970: tokens then count up from the last one).
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 impl Active {
     fn input(&mut self, ctx: &Ctx, input: Input) {
         if !matches!(input, Input::Tick) {
             tracing::trace!(entity_type = %ctx.type_name, "coordinator input: {input:?}");
         }
         let mut out = Vec::new();
+        self.coord.set_wall_clock(unix_micros());
         self.coord.handle(ctx.now_ms(), input, &mut out);
         self.process(ctx, out);
     }

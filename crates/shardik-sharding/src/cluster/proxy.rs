@@ -54,4 +54,5 @@ impl<M: Send + 'static> ShardHost<M> for NoHost<M> {
     }
     fn force_stop_shard(&self, _shard: ShardId, _unhandled: crate::region::Unhandled<M>) {}
     fn start_entity(&self, _shard: ShardId, _id: &str) {}
+    fn set_fencing_token(&self, _shard: ShardId, _token: Option<crate::FencingToken>) {}
 }

@@ -530,7 +530,9 @@ where
                     self.send_coordinator(g, CoordWire::Region { from, msg });
                 }
                 RegionAction::StartShard(shard) => {
-                    tracing::debug!(entity_type = %self.type_name, shard, "hosting shard");
+                    let token = g.state.fencing_token(shard);
+                    tracing::debug!(entity_type = %self.type_name, shard, ?token, "hosting shard");
+                    self.local.set_fencing_token(shard, token);
                     // While fenced, remembered entities start when the fence is lifted.
                     if let Some(r) = self
                         .placement

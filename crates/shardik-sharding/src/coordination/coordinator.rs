@@ -224,6 +224,8 @@ pub struct Coordinator {
     next_handoff: u64,
     stable: bool,
     now: u64,
+    /// Wall-clock microseconds, for fencing tokens ([`set_wall_clock`](Self::set_wall_clock)).
+    wall_us: u64,
     last_rebalance: Option<u64>,
     stats: CoordinatorStats,
 }
@@ -295,6 +297,7 @@ impl Coordinator {
             next_handoff: 0,
             stable: false,
             now: 0,
+            wall_us: 0,
             last_rebalance: None,
             stats: CoordinatorStats::default(),
         };
@@ -341,6 +344,13 @@ impl Coordinator {
     /// Whether every region of the state has registered with this epoch (hand-offs wait for it).
     pub fn all_registered(&self) -> bool {
         self.working.regions.keys().all(|r| self.live.contains(r))
+    }
+
+    /// Sets the wall-clock time (microseconds since the Unix epoch) that new allocations take
+    /// their [`FencingToken`](super::FencingToken) from. The IO layer sets it before each
+    /// [`handle`](Self::handle); left at 0, tokens simply count up from the last one.
+    pub fn set_wall_clock(&mut self, unix_micros: u64) {
+        self.wall_us = unix_micros;
     }
 
     /// Handle one input at time `now_ms` (monotonic milliseconds), appending actions to `out`.
@@ -440,11 +450,17 @@ impl Coordinator {
                     .keys()
                     .filter_map(|s| self.settled_home(*s).map(|r| (*s, r.clone())))
                     .collect();
+                let tokens = homes
+                    .iter()
+                    .filter(|(_, r)| *r == region)
+                    .map(|(s, _)| (*s, self.durable.token(*s)))
+                    .collect();
                 out.push(Action::Send {
                     to: region,
                     msg: ToRegion::RegisterAck {
                         epoch: self.epoch,
                         homes,
+                        tokens,
                         attempt,
                     },
                 });
@@ -460,6 +476,7 @@ impl Coordinator {
                             epoch: self.epoch,
                             shard,
                             region: home.clone(),
+                            token: self.durable.token(shard),
                         },
                     });
                 } else if !self.handoffs.contains_key(&shard) && self.working.home(shard).is_none()
@@ -488,6 +505,7 @@ impl Coordinator {
                         epoch: self.epoch,
                         shard,
                         region: home.clone(),
+                        token: self.durable.token(shard),
                     },
                 });
             }
@@ -597,8 +615,22 @@ impl Coordinator {
     }
 
     fn allocate_to(&mut self, shard: ShardId, region: RegionId, out: &mut Vec<Action>) {
-        self.persist(Change::ShardAllocated { shard, region }, out);
+        self.persist_allocation(shard, region, out);
         self.after_durable(Deferred::Broadcast(shard), out);
+    }
+
+    /// Persists the allocation of `shard` to `region` with a fencing token above every one
+    /// handed out before (see [`FencingToken`](super::FencingToken)).
+    fn persist_allocation(&mut self, shard: ShardId, region: RegionId, out: &mut Vec<Action>) {
+        let token = self.working.next_token(self.wall_us);
+        self.persist(
+            Change::ShardAllocated {
+                shard,
+                region,
+                token,
+            },
+            out,
+        );
     }
 
     fn allocate(&mut self, shard: ShardId, asker: &RegionId, out: &mut Vec<Action>) {
@@ -797,7 +829,7 @@ impl Coordinator {
             self.choose(shard, None)
         });
         if let Some(t) = target {
-            self.persist(Change::ShardAllocated { shard, region: t }, out);
+            self.persist_allocation(shard, t, out);
         }
         self.handoffs.get_mut(&shard).expect("present").phase = Phase::Deallocating;
         self.after_durable(Deferred::HandOffDone(shard), out);

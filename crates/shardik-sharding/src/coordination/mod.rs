@@ -96,7 +96,8 @@ pub use coordinator::{
     Action, Coordinator, CoordinatorConfig, CoordinatorStats, HandOffInfo, Input, RecoverError,
 };
 pub use protocol::{
-    Envelope, Epoch, HandOffId, PeerMsg, RegionId, RegisterError, ToCoordinator, ToRegion, Version,
+    Envelope, Epoch, FencingToken, HandOffId, PeerMsg, RegionId, RegisterError, ToCoordinator,
+    ToRegion, Version,
 };
 pub use rebalance::{plan_rebalance, round_limit, Move};
 pub use region::{

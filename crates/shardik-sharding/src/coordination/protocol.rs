@@ -36,6 +36,14 @@ pub type Epoch = u64;
 /// The version of the coordinator state: bumped by every [`StateUpdate`](super::StateUpdate).
 pub type Version = u64;
 
+/// Names one allocation of a shard to a region: every allocation gets a token higher than
+/// every token handed out before it for the entity type (the coordinator's wall clock in
+/// microseconds since the Unix epoch, or one more than the last token if the clock is
+/// behind). The owner's entities write with it, so a store can refuse the writes of an
+/// owner whose shard has since moved ([`FencingToken`]s are compared, never trusted to be
+/// unique across entity types). 0 means "no token" (a coordinator that hands out none).
+pub type FencingToken = u64;
+
 /// Names one hand-off attempt of one coordinator incarnation; a retry after an abort gets a new id,
 /// so late acknowledgements of an aborted attempt are recognised and ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -176,6 +184,9 @@ pub enum ToRegion {
         epoch: Epoch,
         /// Shard homes.
         homes: Vec<(ShardId, RegionId)>,
+        /// The fencing tokens of the shards homed at the registering region.
+        #[serde(default)]
+        tokens: Vec<(ShardId, FencingToken)>,
         /// The `attempt` of the [`ToCoordinator::Register`] this answers (0 from an older
         /// coordinator, which does not echo it).
         #[serde(default)]
@@ -201,6 +212,9 @@ pub enum ToRegion {
         shard: ShardId,
         /// Its home.
         region: RegionId,
+        /// The allocation's fencing token (0: none, from an older coordinator).
+        #[serde(default)]
+        token: FencingToken,
     },
     /// Stop routing to `shard`, buffer its messages, and acknowledge.
     BeginHandOff {

@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use super::protocol::{
-    Envelope, Epoch, HandOffId, PeerMsg, RegionId, RegisterError, ToCoordinator, ToRegion,
+    Envelope, Epoch, FencingToken, HandOffId, PeerMsg, RegionId, RegisterError, ToCoordinator,
+    ToRegion,
 };
 use crate::ShardId;
 
@@ -238,6 +239,8 @@ pub struct RegionState<M> {
     fences: HashMap<ShardId, (HandOffId, BTreeSet<RegionId>)>,
     /// The hand-off id each shard was last stopped for (to answer a repeated `HandOff`).
     stopped_for: HashMap<ShardId, HandOffId>,
+    /// The fencing token of the newest allocation of each shard to this region.
+    tokens: HashMap<ShardId, FencingToken>,
     leave_complete: bool,
     now: u64,
     stats: RegionCoordStats,
@@ -258,6 +261,7 @@ impl<M> RegionState<M> {
             buffers: HashMap::new(),
             fences: HashMap::new(),
             stopped_for: HashMap::new(),
+            tokens: HashMap::new(),
             leave_complete: false,
             now: 0,
             stats: RegionCoordStats::default(),
@@ -312,6 +316,13 @@ impl<M> RegionState<M> {
             .filter(|(_, s)| matches!(s, Slot::Local | Slot::Owner { .. }))
             .map(|(k, _)| *k)
             .collect()
+    }
+
+    /// The fencing token of the newest allocation of `shard` to this region, if the
+    /// coordinator gave one: what the shard's entities write with while they live here
+    /// (read it when [`RegionAction::StartShard`] asks to host the shard).
+    pub fn fencing_token(&self, shard: ShardId) -> Option<FencingToken> {
+        self.tokens.get(&shard).copied()
     }
 
     /// True if [`send_local`](Self::send_local) would take a message for `shard` now (it is
@@ -546,6 +557,7 @@ impl<M> RegionState<M> {
             ToRegion::RegisterAck {
                 epoch,
                 homes,
+                tokens,
                 attempt,
             } => {
                 if self.stale_attempt(attempt)
@@ -557,6 +569,9 @@ impl<M> RegionState<M> {
                 }
                 self.epoch = epoch;
                 self.registered = true;
+                for (shard, token) in tokens {
+                    self.note_token(shard, token);
+                }
                 self.apply_homes(homes, out);
             }
             ToRegion::RegisterRefused {
@@ -581,7 +596,17 @@ impl<M> RegionState<M> {
                 // registered with (its RegisterAck, sent first, will bring the state).
                 self.stats.stale_ignored += 1;
             }
-            ToRegion::ShardHome { shard, region, .. } => self.on_home(shard, region, out),
+            ToRegion::ShardHome {
+                shard,
+                region,
+                token,
+                ..
+            } => {
+                if region == self.id {
+                    self.note_token(shard, token);
+                }
+                self.on_home(shard, region, out)
+            }
             ToRegion::BeginHandOff { id, shard } => self.on_begin_handoff(id, shard, out),
             ToRegion::HandOff { id, shard, fences } => self.on_handoff(id, shard, fences, out),
             ToRegion::LeaveComplete { .. } => {
@@ -671,6 +696,14 @@ impl<M> RegionState<M> {
             }
         }
         out.push(RegionAction::StopShard(shard));
+    }
+
+    /// Keeps the newest fencing token of an allocation of `shard` here (0: none given).
+    fn note_token(&mut self, shard: ShardId, token: FencingToken) {
+        if token != 0 {
+            let t = self.tokens.entry(shard).or_insert(token);
+            *t = (*t).max(token);
+        }
     }
 
     fn on_home(&mut self, shard: ShardId, region: RegionId, out: &mut Vec<RegionAction<M>>) {

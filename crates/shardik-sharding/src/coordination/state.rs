@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::protocol::{Epoch, RegionId, Version};
+use super::protocol::{Epoch, FencingToken, RegionId, Version};
 use crate::ShardId;
 
 /// What is known about a registered region.
@@ -32,6 +32,13 @@ pub struct CoordinatorState {
     pub shards: BTreeMap<ShardId, RegionId>,
     /// Every shard ever allocated (used with remember-shards to restart them eagerly).
     pub remembered: BTreeSet<ShardId>,
+    /// The fencing token of each allocated shard's current allocation (absent: allocated by
+    /// a coordinator that did not hand out tokens).
+    #[serde(default)]
+    pub tokens: BTreeMap<ShardId, FencingToken>,
+    /// The highest fencing token ever handed out; the next one is higher.
+    #[serde(default)]
+    pub last_token: FencingToken,
 }
 
 /// One change of the coordinator state.
@@ -57,6 +64,10 @@ pub enum Change {
         shard: ShardId,
         /// Its new home.
         region: RegionId,
+        /// The allocation's fencing token, higher than every token handed out before it
+        /// (0 from a coordinator that did not hand out tokens).
+        #[serde(default)]
+        token: FencingToken,
     },
     /// A shard is unallocated (its owner stopped it).
     ShardDeallocated {
@@ -107,6 +118,8 @@ impl CoordinatorState {
             regions: BTreeMap::new(),
             shards: BTreeMap::new(),
             remembered: BTreeSet::new(),
+            tokens: BTreeMap::new(),
+            last_token: 0,
         }
     }
 
@@ -140,14 +153,27 @@ impl CoordinatorState {
             }
             Change::RegionRemoved { region } => {
                 self.regions.remove(region);
-                self.shards.retain(|_, r| r != region);
+                let shards = &mut self.shards;
+                self.tokens.retain(|s, _| shards.get(s) != Some(region));
+                shards.retain(|_, r| r != region);
             }
-            Change::ShardAllocated { shard, region } => {
+            Change::ShardAllocated {
+                shard,
+                region,
+                token,
+            } => {
                 self.shards.insert(*shard, region.clone());
                 self.remembered.insert(*shard);
+                if *token == 0 {
+                    self.tokens.remove(shard);
+                } else {
+                    self.tokens.insert(*shard, *token);
+                }
+                self.last_token = self.last_token.max(*token);
             }
             Change::ShardDeallocated { shard } => {
                 self.shards.remove(shard);
+                self.tokens.remove(shard);
             }
         }
     }
@@ -155,6 +181,18 @@ impl CoordinatorState {
     /// The home of a shard.
     pub fn home(&self, shard: ShardId) -> Option<&RegionId> {
         self.shards.get(&shard)
+    }
+
+    /// The fencing token of a shard's current allocation; 0 if it is unallocated or was
+    /// allocated without one.
+    pub fn token(&self, shard: ShardId) -> FencingToken {
+        self.tokens.get(&shard).copied().unwrap_or(0)
+    }
+
+    /// The token for a new allocation at wall-clock time `unix_micros`: that time, or one
+    /// above the last token if the clock is behind it, so tokens only grow.
+    pub fn next_token(&self, unix_micros: u64) -> FencingToken {
+        unix_micros.max(self.last_token.saturating_add(1))
     }
 
     /// Shards per region (every registered region, also those with none).
@@ -205,6 +243,7 @@ mod tests {
             Change::ShardAllocated {
                 shard: 1,
                 region: r.clone(),
+                token: 7,
             },
         ))
         .unwrap();
@@ -224,5 +263,77 @@ mod tests {
         .unwrap();
         assert_eq!(s.home(1), None);
         assert!(s.remembered.contains(&1));
+    }
+
+    #[test]
+    fn tokens_follow_allocations_and_the_last_one_never_goes_down() {
+        let mut s = CoordinatorState::new(10);
+        let (a, b) = (RegionId::new("a"), RegionId::new("b"));
+        let alloc = |shard, region: &RegionId, token| Change::ShardAllocated {
+            shard,
+            region: region.clone(),
+            token,
+        };
+        let changes = [
+            alloc(1, &a, 100),
+            alloc(2, &b, 200),
+            alloc(3, &a, 300),
+            Change::ShardDeallocated { shard: 3 },
+            Change::RegionRemoved { region: b.clone() },
+            // An older coordinator allocates without a token.
+            alloc(2, &a, 0),
+        ];
+        for (v, change) in changes.into_iter().enumerate() {
+            s.apply(&upd(v as u64 + 1, change)).unwrap();
+        }
+        assert_eq!((s.token(1), s.token(2), s.token(3)), (100, 0, 0));
+        assert_eq!(s.last_token, 300, "handed out once, so never again");
+        assert_eq!(s.next_token(0), 301);
+        assert_eq!(s.next_token(5_000), 5_000);
+    }
+
+    /// A state replicated or stored before fencing tokens existed (named MessagePack, as the
+    /// IO layer writes it) reads back with no tokens.
+    #[test]
+    fn a_state_from_before_tokens_decodes_without_them() {
+        #[derive(Serialize)]
+        struct Before {
+            epoch: Epoch,
+            version: Version,
+            shard_count: u32,
+            regions: BTreeMap<RegionId, RegionInfo>,
+            shards: BTreeMap<ShardId, RegionId>,
+            remembered: BTreeSet<ShardId>,
+        }
+        let before = Before {
+            epoch: 3,
+            version: 9,
+            shard_count: 10,
+            regions: BTreeMap::new(),
+            shards: [(4, RegionId::new("a"))].into(),
+            remembered: [4].into(),
+        };
+        let bytes = rmp_serde::to_vec_named(&before).unwrap();
+        let s: CoordinatorState = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(s.home(4), Some(&RegionId::new("a")));
+        assert_eq!((s.token(4), s.last_token), (0, 0));
+        #[derive(Serialize)]
+        enum OldChange {
+            ShardAllocated { shard: ShardId, region: RegionId },
+        }
+        let bytes = rmp_serde::to_vec_named(&OldChange::ShardAllocated {
+            shard: 4,
+            region: RegionId::new("a"),
+        })
+        .unwrap();
+        let c: Change = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(
+            c,
+            Change::ShardAllocated {
+                shard: 4,
+                region: RegionId::new("a"),
+                token: 0
+            }
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Unit tests of the coordinator and the region, one protocol step at a time.
 
 use super::*;
+use crate::ShardId;
 
 fn r(s: &str) -> RegionId {
     RegionId::new(s)
@@ -63,19 +64,56 @@ fn msg(c: &mut Coordinator, now: u64, from: &str, m: ToCoordinator) -> Vec<Actio
     out
 }
 
+/// The messages sent, with fencing tokens zeroed (tokens have tests of their own).
 fn sends(out: &[Action]) -> Vec<(RegionId, ToRegion)> {
     out.iter()
         .filter_map(|a| match a {
-            Action::Send { to, msg } => Some((to.clone(), msg.clone())),
+            Action::Send { to, msg } => Some((to.clone(), without_token(msg.clone()))),
             Action::Persist(_) => None,
         })
         .collect()
 }
 
+fn without_token(msg: ToRegion) -> ToRegion {
+    match msg {
+        ToRegion::ShardHome {
+            epoch,
+            shard,
+            region,
+            ..
+        } => ToRegion::ShardHome {
+            epoch,
+            shard,
+            region,
+            token: 0,
+        },
+        ToRegion::RegisterAck {
+            epoch,
+            homes,
+            attempt,
+            ..
+        } => ToRegion::RegisterAck {
+            epoch,
+            homes,
+            tokens: vec![],
+            attempt,
+        },
+        other => other,
+    }
+}
+
+/// The changes persisted, with fencing tokens zeroed.
 fn persists(out: &[Action]) -> Vec<Change> {
     out.iter()
         .filter_map(|a| match a {
-            Action::Persist(u) => Some(u.change.clone()),
+            Action::Persist(u) => Some(match u.change.clone() {
+                Change::ShardAllocated { shard, region, .. } => Change::ShardAllocated {
+                    shard,
+                    region,
+                    token: 0,
+                },
+                other => other,
+            }),
             Action::Send { .. } => None,
         })
         .collect()
@@ -356,7 +394,8 @@ fn full_hand_off_persists_before_the_new_home_is_announced() {
             Change::ShardDeallocated { shard },
             Change::ShardAllocated {
                 shard,
-                region: r("b")
+                region: r("b"),
+                token: 0,
             }
         ]
     );
@@ -372,7 +411,8 @@ fn full_hand_off_persists_before_the_new_home_is_announced() {
         ToRegion::ShardHome {
             epoch: 1,
             shard,
-            region: r("b")
+            region: r("b"),
+            token: 0,
         }
     )));
     assert_eq!(c.stats().handoffs_completed, 1);
@@ -423,7 +463,8 @@ fn missing_acks_abort_the_hand_off_and_the_owner_keeps_the_shard() {
         ToRegion::ShardHome {
             epoch: 1,
             shard,
-            region: r("a")
+            region: r("a"),
+            token: 0,
         }
     )));
     // The late ack of the aborted attempt is ignored.
@@ -522,6 +563,7 @@ fn home_requests_during_the_down_margin_are_answered_on_region_down() {
     let [Change::ShardAllocated {
         shard: s,
         region: to,
+        ..
     }] = &p[1..]
     else {
         panic!("{p:?}")
@@ -734,6 +776,7 @@ fn registered(name: &str, homes: &[(u32, &str)]) -> RegionState<u32> {
             epoch: 1,
             homes,
             attempt: 1,
+            tokens: vec![],
         },
     );
     reg
@@ -796,6 +839,7 @@ fn registration_is_retried_until_acknowledged() {
             epoch: 1,
             homes: vec![],
             attempt: 1,
+            tokens: vec![],
         },
     );
     assert!(reg.is_registered());
@@ -810,6 +854,7 @@ fn registration_is_retried_until_acknowledged() {
             epoch: 1,
             homes: vec![(0, r("a"))],
             attempt: 1,
+            tokens: vec![],
         },
     );
     assert!(out.is_empty());
@@ -880,6 +925,7 @@ fn unknown_home_buffers_bounded_asks_once_and_retries() {
             epoch: 1,
             shard: 2,
             region: r("b"),
+            token: 0,
         },
     );
     let order: Vec<u32> = out
@@ -924,6 +970,7 @@ fn begin_hand_off_fences_the_cached_home_and_buffers() {
             epoch: 1,
             shard: 1,
             region: r("c"),
+            token: 0,
         },
     );
     assert!(matches!(&out[..], [RegionAction::ToPeer { to, .. }] if *to == r("c")));
@@ -1021,6 +1068,7 @@ fn owner_waits_for_fences_then_stops_with_forced_timeout() {
             epoch: 1,
             shard: 1,
             region: r("b"),
+            token: 0,
         },
     );
     let flushed: Vec<u32> = forwarded(&out).iter().map(|e| e.payload).collect();
@@ -1067,6 +1115,7 @@ fn a_forced_stops_unhandled_messages_go_first_to_the_next_home() {
             epoch: 1,
             shard: 1,
             region: r("b"),
+            token: 0,
         },
     );
     let flushed: Vec<(String, u32)> = forwarded(&out)
@@ -1125,6 +1174,7 @@ fn configured_fence_timeout_stops_anyway() {
             epoch: 1,
             homes: vec![(1, r("a"))],
             attempt: 1,
+            tokens: vec![],
         },
     );
     from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
@@ -1159,6 +1209,7 @@ fn aborted_hand_off_resumes_local_delivery_in_order() {
             epoch: 1,
             shard: 1,
             region: r("a"),
+            token: 0,
         },
     );
     let got: Vec<u32> = out
@@ -1189,6 +1240,7 @@ fn stale_epoch_messages_are_ignored_and_new_coordinator_means_re_register() {
             epoch: 2,
             homes: vec![(1, r("a"))],
             attempt: 2,
+            tokens: vec![],
         },
     );
     assert_eq!(reg.epoch(), 2);
@@ -1209,6 +1261,7 @@ fn stale_epoch_messages_are_ignored_and_new_coordinator_means_re_register() {
             epoch: 1,
             homes: vec![],
             attempt: 1,
+            tokens: vec![],
         },
     );
     assert!(out.is_empty());
@@ -1250,6 +1303,7 @@ fn late_answers_of_a_previous_registration_attempt_are_ignored() {
             epoch: 1,
             homes: vec![(0, r("a"))],
             attempt: 1,
+            tokens: vec![],
         },
         ToRegion::RegisterRefused {
             epoch: 1,
@@ -1276,6 +1330,7 @@ fn late_answers_of_a_previous_registration_attempt_are_ignored() {
             epoch: 2,
             homes: vec![(0, r("a"))],
             attempt: 2,
+            tokens: vec![],
         },
     );
     assert!(reg.is_registered());
@@ -1326,6 +1381,7 @@ fn registration_with_a_new_coordinator_reconciles_the_cache() {
             epoch: 2,
             homes: vec![(1, r("c")), (2, r("a"))],
             attempt: 2,
+            tokens: vec![],
         },
     );
     assert!(out.contains(&RegionAction::StopShard(1)));
@@ -1388,6 +1444,7 @@ fn proxies_never_host() {
             epoch: 1,
             homes: vec![(1, r("p"))],
             attempt: 1,
+            tokens: vec![],
         },
     );
     assert!(reg.hosted_shards().is_empty());
@@ -1608,4 +1665,197 @@ fn a_region_with_another_shard_function_is_refused() {
             [(_, ToRegion::RegisterAck { .. })]
         ));
     }
+}
+
+// ---- fencing tokens -------------------------------------------------------------------------------
+
+/// The `(to, shard, token)` of every `ShardHome` sent, tokens as they are.
+fn home_tokens(out: &[Action]) -> Vec<(RegionId, ShardId, FencingToken)> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Send {
+                to,
+                msg: ToRegion::ShardHome { shard, token, .. },
+            } => Some((to.clone(), *shard, *token)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Asks for `shard`'s home from `a` and persists; returns the token `a` was told.
+fn allocate_one(c: &mut Coordinator, shard: ShardId) -> FencingToken {
+    let mut out = get_home(c, "a", shard);
+    persist_all(c, &mut out);
+    let told = home_tokens(&out);
+    assert_eq!(told.len(), 1, "{out:?}");
+    assert_eq!(
+        c.state().token(shard),
+        told[0].2,
+        "the state holds what was sent"
+    );
+    told[0].2
+}
+
+#[test]
+fn every_allocation_gets_a_token_above_all_before_it() {
+    let mut c = coordinator(8, &["a"]);
+    c.set_wall_clock(5_000_000);
+    assert_eq!(allocate_one(&mut c, 0), 5_000_000, "the wall clock");
+    assert_eq!(allocate_one(&mut c, 1), 5_000_001, "same clock: one more");
+    c.set_wall_clock(1_000);
+    assert_eq!(
+        allocate_one(&mut c, 2),
+        5_000_002,
+        "clock stepped back: one more"
+    );
+    c.set_wall_clock(9_000_000);
+    assert_eq!(allocate_one(&mut c, 3), 9_000_000, "clock ahead again");
+    assert_eq!(c.state().last_token, 9_000_000);
+    // Asking again for a home already allocated repeats its token; nothing new is handed out.
+    let out = get_home(&mut c, "a", 1);
+    assert_eq!(home_tokens(&out), vec![(r("a"), 1, 5_000_001)]);
+    assert!(persists(&out).is_empty());
+}
+
+#[test]
+fn a_shard_that_moves_gets_a_higher_token_and_every_region_hears_it() {
+    let mut c = coordinator(4, &["a"]);
+    c.set_wall_clock(1_000);
+    let begins = start_rebalance(&mut c);
+    let (id, shard) = match begins[0].1 {
+        ToRegion::BeginHandOff { id, shard } => (id, shard),
+        ref m => panic!("{m:?}"),
+    };
+    let before = c.state().token(shard);
+    assert!(before >= 1_000);
+    for from in ["a", "b"] {
+        let fenced = None;
+        msg(
+            &mut c,
+            1_000,
+            from,
+            ToCoordinator::BeginHandOffAck { id, shard, fenced },
+        );
+    }
+    let mut out = msg(
+        &mut c,
+        1_000,
+        "a",
+        ToCoordinator::ShardStopped { id, shard },
+    );
+    persist_all(&mut c, &mut out);
+    assert_eq!(c.state().home(shard), Some(&r("b")));
+    let after = c.state().token(shard);
+    assert!(after > before, "{after} > {before}");
+    assert!(
+        after
+            > c.state()
+                .tokens
+                .values()
+                .filter(|t| **t != after)
+                .max()
+                .copied()
+                .unwrap()
+    );
+    assert_eq!(
+        home_tokens(&out),
+        vec![(r("a"), shard, after), (r("b"), shard, after)]
+    );
+}
+
+#[test]
+fn register_ack_tells_a_region_the_tokens_of_its_own_shards() {
+    let mut c = coordinator(4, &["a", "b"]);
+    c.set_wall_clock(7_000);
+    for shard in 0..4 {
+        // Least-shards-first with ties by id: a, b, a, b.
+        let mut out = get_home(&mut c, "a", shard);
+        persist_all(&mut c, &mut out);
+    }
+    let out = register(&mut c, "b");
+    let acks: Vec<_> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send {
+                msg: ToRegion::RegisterAck { homes, tokens, .. },
+                ..
+            } => Some((homes.clone(), tokens.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks.len(), 1, "{out:?}");
+    let (homes, tokens) = &acks[0];
+    let of_b: Vec<(ShardId, FencingToken)> = homes
+        .iter()
+        .filter(|(_, h)| *h == r("b"))
+        .map(|(s, _)| (*s, c.state().token(*s)))
+        .collect();
+    assert_eq!(of_b.len(), 2);
+    assert_eq!(tokens, &of_b, "b's shards only, with their tokens");
+}
+
+#[test]
+fn a_recovered_coordinator_hands_out_tokens_above_the_last_one() {
+    let mut c = coordinator(4, &["a"]);
+    c.set_wall_clock(8_000_000);
+    allocate_one(&mut c, 0);
+    let state = c.state().clone();
+    // The next coordinator's clock is behind (another node, or a restart with a bad clock).
+    let (mut next, mut out) = Coordinator::recover(cfg(4), state, 2).unwrap();
+    next.set_wall_clock(10);
+    let v = next.working_state().version;
+    next.handle(0, Input::Persisted(v), &mut out);
+    register(&mut next, "a");
+    let mut out = get_home(&mut next, "a", 1);
+    persist_all(&mut next, &mut out);
+    assert_eq!(next.state().token(1), 8_000_001);
+    assert_eq!(
+        next.state().token(0),
+        8_000_000,
+        "kept from the replicated state"
+    );
+}
+
+#[test]
+fn the_region_keeps_the_newest_token_of_each_shard_allocated_to_it() {
+    let mut reg = registered("a", &[]);
+    let home = |shard, region: &str, token| ToRegion::ShardHome {
+        epoch: 1,
+        shard,
+        region: r(region),
+        token,
+    };
+    let out = from_coord(&mut reg, 0, home(3, "a", 42));
+    assert!(out.contains(&RegionAction::StartShard(3)));
+    assert_eq!(reg.fencing_token(3), Some(42));
+    from_coord(&mut reg, 0, home(4, "b", 43));
+    assert_eq!(reg.fencing_token(4), None, "another region's allocation");
+    // An older coordinator's message without a token leaves the known one alone.
+    from_coord(&mut reg, 0, home(3, "a", 0));
+    assert_eq!(reg.fencing_token(3), Some(42));
+    // The shard moves away and comes back under a newer allocation.
+    from_coord(&mut reg, 0, home(3, "b", 50));
+    assert_eq!(
+        reg.fencing_token(3),
+        Some(42),
+        "not hosted here: the old token stays"
+    );
+    from_coord(&mut reg, 0, home(3, "a", 60));
+    assert_eq!(reg.fencing_token(3), Some(60));
+    // A registration answer carries the tokens of the shards it homes here.
+    let mut reg = region("c");
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
+    from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterAck {
+            epoch: 1,
+            homes: vec![(1, r("c")), (2, r("a"))],
+            tokens: vec![(1, 77)],
+            attempt: 1,
+        },
+    );
+    assert_eq!(reg.fencing_token(1), Some(77));
+    assert_eq!(reg.fencing_token(2), None);
 }

@@ -15,7 +15,7 @@ use shardik_cluster::member::UniqueAddress;
 use shardik_cluster::runtime::{Cluster, ClusterConfig, ClusterState};
 use shardik_remote::FaultInjector;
 use shardik_sharding::cluster::{ClusterSharding, ClusterShardingSettings};
-use shardik_sharding::{EntityType, Region, ShardId};
+use shardik_sharding::{EntityType, FencingToken, Region, ShardId};
 
 pub const SECRET: &[u8] = b"sharding test secret, 32 bytes or more";
 pub const TYPE: &str = "probe";
@@ -49,11 +49,18 @@ pub struct Registry {
     pub max_live: AtomicUsize,
     pub journal: Mutex<HashMap<String, Vec<(u32, u64)>>>,
     pub homes: Mutex<HashMap<String, Vec<String>>>,
+    /// Per id: the fencing token each incarnation was started with (same order as `homes`).
+    pub tokens: Mutex<HashMap<String, Vec<Option<FencingToken>>>>,
     pub adds: AtomicUsize,
 }
 
 impl Registry {
-    fn started(&self, id: &str, node: &str) {
+    fn started(&self, id: &str, node: &str, token: Option<FencingToken>) {
+        self.tokens
+            .lock()
+            .entry(id.to_string())
+            .or_default()
+            .push(token);
         let mut live = self.live.lock();
         let n = live.entry(id.to_string()).or_default();
         *n += 1;
@@ -126,15 +133,22 @@ pub struct Probe {
     id: String,
     node: String,
     reg: Arc<Registry>,
+    token: Option<FencingToken>,
     got: Vec<(u32, u64)>,
 }
 
 impl Probe {
     pub fn new(id: &str, node: &str, reg: &Arc<Registry>) -> Self {
+        Self::fenced(id, node, None, reg)
+    }
+
+    /// A probe that records the fencing token it was started with.
+    pub fn fenced(id: &str, node: &str, token: Option<FencingToken>, reg: &Arc<Registry>) -> Self {
         Probe {
             id: id.to_string(),
             node: node.to_string(),
             reg: reg.clone(),
+            token,
             got: Vec::new(),
         }
     }
@@ -143,7 +157,7 @@ impl Probe {
 impl Actor for Probe {
     type Msg = Msg;
     async fn started(&mut self, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
-        self.reg.started(&self.id, &self.node);
+        self.reg.started(&self.id, &self.node, self.token);
         Ok(())
     }
     async fn stopped(&mut self, _ctx: &mut Context<Self>) {
@@ -263,7 +277,10 @@ pub async fn start_node_configured(
     let region = sharding
         .start_with(
             configure(
-                EntityType::new(TYPE, move |eid: &str| Probe::new(eid, &node, &r)).shards(shards),
+                EntityType::new_fenced(TYPE, move |eid: &str, token| {
+                    Probe::fenced(eid, &node, token, &r)
+                })
+                .shards(shards),
             ),
             settings(),
         )
@@ -307,7 +324,10 @@ pub fn start_probe(
     let r = reg.clone();
     sharding
         .start_with(
-            EntityType::new(TYPE, move |eid: &str| Probe::new(eid, &node, &r)).shards(shards),
+            EntityType::new_fenced(TYPE, move |eid: &str, token| {
+                Probe::fenced(eid, &node, token, &r)
+            })
+            .shards(shards),
             settings,
         )
         .expect("type starts")
