@@ -195,13 +195,10 @@ impl<A: Actor> LocalRegion<A> {
         let factory = self.factory.clone();
         let key = id.clone();
         // Fixed for the incarnation (restarts included): the token of the allocation under
-        // which it was started.
-        let token = match self.tokens[shard as usize].load(Ordering::Acquire) {
-            0 => None,
-            t => Some(t),
-        };
-        let props = Props::with_settings(move || factory(&key, token), self.settings.clone())
-            .name(id.clone());
+        // which it was started (kept as a plain u64, 0 for none: every entity holds it).
+        let token = self.tokens[shard as usize].load(Ordering::Acquire);
+        let make = move || factory(&key, Some(token).filter(|t| *t != 0));
+        let props = Props::with_settings(make, self.settings.clone()).name(id.clone());
         self.counters.spawned.fetch_add(1, Ordering::Relaxed);
         EntityCell(self.system.spawn_props(props))
     }
