@@ -73,6 +73,11 @@ pub struct Sim {
     pub next_sender: u32,
     pub net: BTreeMap<(Node, Node), VecDeque<Packet>>,
     pub hosting: BTreeMap<usize, BTreeSet<ShardId>>,
+    /// Per shard: the region that hosted it last and the fencing token it was started with.
+    pub last_hosted: BTreeMap<ShardId, (usize, u64)>,
+    /// The current coordinator's wall clock: the simulated time in microseconds plus this
+    /// skew (a coordinator on another node, its clock up to 10 s ahead or behind).
+    pub clock_skew_us: u64,
     pub stopping: BTreeMap<usize, BTreeSet<ShardId>>,
     pub pending_downs: VecDeque<usize>,
     pub gone: BTreeSet<usize>,
@@ -136,6 +141,8 @@ impl Sim {
             next_sender: 0,
             net: BTreeMap::new(),
             hosting: BTreeMap::new(),
+            last_hosted: BTreeMap::new(),
+            clock_skew_us: 10_000_000,
             stopping: BTreeMap::new(),
             pending_downs: VecDeque::new(),
             gone: BTreeSet::new(),
@@ -168,6 +175,8 @@ impl Sim {
         let (c, actions) = Coordinator::recover(self.coord_cfg.clone(), self.store.clone(), epoch)
             .expect("recover");
         self.coord = Some(c);
+        // From the epoch, not the rng: the histories the tests replay stay the same.
+        self.clock_skew_us = epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 20_000_001;
         self.coord_actions(actions);
         let stable = self.stable;
         self.coord_input(Input::MembershipStable(stable));
@@ -207,6 +216,9 @@ impl Sim {
         let now = self.now;
         let Some(c) = self.coord.as_mut() else { return };
         let mut out = Vec::new();
+        // Fencing tokens come from this clock (microseconds); a coordinator that recovers
+        // state written later than its clock says must still hand out higher tokens.
+        c.set_wall_clock((now * 1_000 + self.clock_skew_us).saturating_sub(10_000_000));
         c.handle(now, input, &mut out);
         self.coord_actions(out);
     }
@@ -355,6 +367,19 @@ impl Sim {
                         );
                     }
                     assert!(self.hosting.get_mut(&i).unwrap().insert(s));
+                    // Fencing: a shard hosted anew elsewhere gets a higher token than its
+                    // previous home had, so a store refuses the previous home's writes.
+                    let token = self.regions[&i]
+                        .state
+                        .fencing_token(s)
+                        .unwrap_or_else(|| panic!("region {i} hosts shard {s} without a token"));
+                    if let Some((j, last)) = self.last_hosted.insert(s, (i, token)) {
+                        assert!(
+                            token > last || (j == i && token == last),
+                            "shard {s}: region {i} hosts with token {token} after region {j} \
+                             with {last}"
+                        );
+                    }
                 }
                 RegionAction::StopShard(s) => {
                     assert!(self.hosting[&i].contains(&s), "stop of a shard not hosted");
