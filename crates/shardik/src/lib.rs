@@ -101,8 +101,8 @@ pub use shardik_actor::{
     StopReason, SupervisorStrategy, SystemConfig, TellError, Terminated, Termination, TimerId,
 };
 pub use shardik_sharding::{
-    shard_of, EntityId, EntityRef, EntityType, Region, RegionStats, ShardId, Sharding,
-    ShardingError, ShardingExt,
+    shard_of, EntityId, EntityRef, EntityType, FencingToken, Region, RegionStats, ShardId,
+    Sharding, ShardingError, ShardingExt,
 };
 
 /// The names most programs need: `use shardik::prelude::*;`.
