@@ -275,7 +275,15 @@ pub(crate) fn persist_failed<A: Actor>(
     policy: OnPersistFailure,
     ctx: &mut Context<A>,
 ) -> Result<(), ActorError> {
-    metrics::counter!("shardik_persistence_persist_failures_total").increment(1);
+    let reason = match &error {
+        PersistenceError::Store(StoreError::Fenced { .. }) => "fenced",
+        PersistenceError::Store(StoreError::Conflict { .. }) => "conflict",
+        PersistenceError::Store(_) => "store",
+        PersistenceError::Codec(_) => "codec",
+        _ => "other",
+    };
+    metrics::counter!("shardik_persistence_persist_failures_total", "reason" => reason)
+        .increment(1);
     tracing::error!(
         persistence_id = pid,
         error = %error,

@@ -109,6 +109,25 @@ impl DurableState for Counter {
     }
 }
 
+/// A plain event-sourced bank account writing `pid` with fencing token `token`, as a sharded
+/// entity whose shard was allocated with that token does.
+pub fn fenced_bank(
+    persistence: Persistence,
+    pid: &str,
+    token: u64,
+) -> shardik_actor::Props<shardik_persistence::EventSourcedEntity<Bank>> {
+    let pid = pid.to_string();
+    shardik_actor::Props::new(move || {
+        shardik_persistence::EventSourcedEntity::new(
+            Bank,
+            pid.clone(),
+            persistence.clone(),
+            Arc::new(shardik_persistence::PersistSettings::default()),
+        )
+        .with_fencing_token(Some(token))
+    })
+}
+
 /// Persistence over `store` with a fixed incarnation.
 pub fn persistence<S>(store: Arc<S>) -> Persistence
 where

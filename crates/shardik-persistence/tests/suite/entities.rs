@@ -3,12 +3,10 @@
 use std::sync::Arc;
 
 use shardik_actor::{ActorSystem, AskError};
-use shardik_persistence::{
-    persistence_id, DurableStateEntity, EventSourcedEntity, PersistSettings,
-};
+use shardik_persistence::{persistence_id, DurableStateEntity, PersistSettings};
 
 use super::{amounts, Store};
-use crate::common::{persistence, AccountCmd, Bank, Counter, CounterCmd, T};
+use crate::common::{fenced_bank, persistence, AccountCmd, Bank, Counter, CounterCmd, T};
 
 /// Spawns a plain event-sourced bank account, runs `f` on it, then stops it and waits.
 async fn with_account<S: Store, F, Fut>(store: &Arc<S>, pid: &str, settings: PersistSettings, f: F)
@@ -187,27 +185,6 @@ pub async fn older_node_takes_a_stream_over_and_fences_the_previous_owner<S: Sto
     system.shutdown().await;
 }
 
-/// A plain actor writing `pid` with fencing token `token`, as a sharded entity whose shard
-/// was allocated with that token does.
-fn fenced_account<S: Store>(
-    store: &Arc<S>,
-    pid: &str,
-    token: u64,
-) -> shardik_actor::Props<EventSourcedEntity<Bank>> {
-    // A node incarnation far above both tokens: a token writer ignores it.
-    let persistence = persistence(store.clone()).with_incarnation(u64::MAX / 4);
-    let pid = pid.to_string();
-    shardik_actor::Props::new(move || {
-        EventSourcedEntity::new(
-            Bank,
-            pid.clone(),
-            persistence.clone(),
-            Arc::new(PersistSettings::default()),
-        )
-        .with_fencing_token(Some(token))
-    })
-}
-
 /// The split-brain case fencing tokens exist for: a shard moved to a new owner (a higher
 /// token) while the old owner still runs the entity. Once the new owner has written, the
 /// old one can never append again, not even after its entity restarts and recovers (a node
@@ -215,10 +192,12 @@ fn fenced_account<S: Store>(
 pub async fn stale_owner_stays_fenced_out_after_restarts<S: Store>(store: Arc<S>) {
     let system = ActorSystem::new("suite");
     let pid = persistence_id("account", "split");
-    let old = system.spawn_props(fenced_account(&store, &pid, 100));
+    // A node incarnation far above both tokens: a token writer ignores it.
+    let persistence = persistence(store.clone()).with_incarnation(u64::MAX / 4);
+    let old = system.spawn_props(fenced_bank(persistence.clone(), &pid, 100));
     assert_eq!(old.ask(|r| AccountCmd::Deposit(10, r), T).await, Ok(10));
     // The shard's next home recovers and writes above the old owner.
-    let new = system.spawn_props(fenced_account(&store, &pid, 200));
+    let new = system.spawn_props(fenced_bank(persistence, &pid, 200));
     assert_eq!(new.ask(|r| AccountCmd::Deposit(5, r), T).await, Ok(15));
     // The old owner is refused, then restarts (the default policy), recovers both deposits
     // and is refused again: three attempts, none acknowledged, none stored.

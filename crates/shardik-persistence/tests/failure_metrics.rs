@@ -1,0 +1,69 @@
+//! `shardik_persistence_persist_failures_total` says why a persist failed, so an operator can
+//! tell an owner fenced out by its shard's next home from a store that fails. One test per
+//! binary: the recorder is global to the process.
+
+mod common;
+
+use std::sync::Arc;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, MetricKind};
+use shardik_actor::{ActorSystem, AskError};
+use shardik_persistence::{FaultyStore, InMemoryStore, Persistence};
+
+use common::{fenced_bank, AccountCmd, T};
+
+/// The counter's value for `reason` (0 if never incremented).
+fn failures(snapshot: &[(CompositeKey, DebugValue)], reason: &str) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(k, _)| {
+            k.kind() == MetricKind::Counter
+                && k.key().name() == "shardik_persistence_persist_failures_total"
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "reason" && l.value() == reason)
+        })
+        .map(|(_, v)| match v {
+            DebugValue::Counter(n) => *n,
+            other => panic!("not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persist_failures_are_counted_by_reason() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this process");
+    let store = Arc::new(FaultyStore::new(Arc::new(InMemoryStore::new())));
+    let system = ActorSystem::new("metrics");
+    let persistence = Persistence::new(store.clone());
+    let old = system.spawn_props(fenced_bank(persistence.clone(), "account|a", 100));
+    assert_eq!(old.ask(|r| AccountCmd::Deposit(1, r), T).await, Ok(1));
+    let new = system.spawn_props(fenced_bank(persistence, "account|a", 200));
+    assert_eq!(new.ask(|r| AccountCmd::Deposit(1, r), T).await, Ok(2));
+    // The old owner recovered before the new one wrote: its position is stale too, but the
+    // newer writer is what refuses it. Refused again after its restart.
+    for _ in 0..2 {
+        assert_eq!(
+            old.ask(|r| AccountCmd::Deposit(1, r), T).await,
+            Err(AskError::NoReply)
+        );
+    }
+    // A store that fails counts as such.
+    store.fail_writes(true);
+    assert_eq!(
+        new.ask(|r| AccountCmd::Deposit(1, r), T).await,
+        Err(AskError::NoReply)
+    );
+    let snapshot = snapshotter.snapshot().into_vec();
+    let pairs: Vec<(CompositeKey, DebugValue)> =
+        snapshot.into_iter().map(|(k, _, _, v)| (k, v)).collect();
+    assert_eq!(failures(&pairs, "fenced"), 2);
+    assert_eq!(failures(&pairs, "store"), 1);
+    assert_eq!(failures(&pairs, "conflict"), 0);
+    system.shutdown().await;
+}
