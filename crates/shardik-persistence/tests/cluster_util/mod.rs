@@ -48,6 +48,16 @@ pub async fn start_member(
     seed: Option<&str>,
     store: Arc<dyn ShardingStateStore>,
 ) -> Member {
+    start_member_with(id, seed, store, |c| c).await
+}
+
+/// [`start_member`] with its cluster configuration changed by `configure`.
+pub async fn start_member_with(
+    id: &str,
+    seed: Option<&str>,
+    store: Arc<dyn ShardingStateStore>,
+    configure: impl FnOnce(ClusterConfig) -> ClusterConfig,
+) -> Member {
     init_tracing();
     let system = ActorSystem::new(id.to_string());
     let mut c = ClusterConfig::new("durable", id).secret(SECRET.to_vec());
@@ -57,6 +67,7 @@ pub async fn start_member(
     if let Some(seed) = seed {
         c = c.seed_nodes([seed.to_string()]);
     }
+    let c = configure(c);
     let cluster = Cluster::start(&system, c).await.expect("cluster starts");
     tokio::time::timeout(Duration::from_secs(15), cluster.when_up())
         .await
