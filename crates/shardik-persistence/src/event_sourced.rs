@@ -170,13 +170,16 @@ impl<B: EventSourced> EventSourcedEntity<B> {
         Ok(())
     }
 
-    async fn maybe_snapshot(&mut self, before: u64) {
-        let Some(every) = self.settings.snapshot_every else {
-            return;
-        };
-        if before / every == self.seq_nr / every {
-            return;
-        }
+    /// True if the events persisted after position `before` crossed a multiple of the
+    /// snapshot interval.
+    fn snapshot_due(&self, before: u64) -> bool {
+        self.settings
+            .snapshot_every
+            .is_some_and(|every| before / every != self.seq_nr / every)
+    }
+
+    /// Saves a snapshot of the current state, then applies the retention settings.
+    async fn snapshot(&mut self) {
         let pid = self.persistence_id.as_str();
         let saved = match Payload::encode(&self.state) {
             Ok(payload) => {
@@ -254,7 +257,9 @@ impl<B: EventSourced> EventSourcedEntity<B> {
             B::apply(&mut self.state, event);
         }
         self.seq_nr = highest;
-        self.maybe_snapshot(before).await;
+        if self.snapshot_due(before) {
+            Box::pin(self.snapshot()).await;
+        }
         Ok(())
     }
 }
@@ -313,8 +318,10 @@ impl<B: EventSourced> Actor for EventSourcedEntity<B> {
         ctx: &mut Context<Self>,
     ) -> Result<(), ActorError> {
         if !self.recovered {
-            // A failed write left the position unknown (the supervisor resumed us).
-            self.recover().await?;
+            // A failed write left the position unknown (the supervisor resumed us). Boxed, as
+            // every rare path here: the actor runtime allocates a turn's future per turn, and
+            // inline it would make that allocation four times as large for every command.
+            Box::pin(self.recover()).await?;
         }
         let Effect { events, after } = self.behavior.handle_command(&self.state, command);
         if !events.is_empty() {
