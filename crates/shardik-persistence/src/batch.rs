@@ -129,14 +129,14 @@ impl Plan<'_> {
 }
 
 struct Tracked<'a, T> {
-    index: HashMap<&'a str, usize>,
+    index: HashMap<&'a str, usize, foldhash::fast::RandomState>,
     items: Vec<T>,
 }
 
 impl<'a, T> Tracked<'a, T> {
     fn new() -> Self {
         Tracked {
-            index: HashMap::new(),
+            index: HashMap::default(),
             items: Vec::new(),
         }
     }

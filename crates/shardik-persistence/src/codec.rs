@@ -56,6 +56,14 @@ pub trait Versioned: Serialize + DeserializeOwned + Send + 'static {
     }
 }
 
+/// `rmp_serde::to_vec_named` into a buffer sized for a typical small record: starting empty,
+/// the buffer was reallocated two or three times per event as it grew.
+fn to_vec_named<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    let mut bytes = Vec::with_capacity(64);
+    rmp_serde::encode::write_named(&mut bytes, value)?;
+    Ok(bytes)
+}
+
 /// A stored value: type name, schema version and named-field MessagePack bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Payload {
@@ -70,7 +78,7 @@ pub struct Payload {
 impl Payload {
     /// Encodes `value` as the current version of its type.
     pub fn encode<T: Versioned>(value: &T) -> Result<Payload, CodecError> {
-        let bytes = rmp_serde::to_vec_named(value).map_err(|e| CodecError::Encode {
+        let bytes = to_vec_named(value).map_err(|e| CodecError::Encode {
             type_name: T::TYPE_NAME,
             reason: e.to_string(),
         })?;
@@ -88,7 +96,7 @@ impl Payload {
         version: u32,
         value: &T,
     ) -> Result<Payload, CodecError> {
-        let bytes = rmp_serde::to_vec_named(value).map_err(|e| CodecError::Encode {
+        let bytes = to_vec_named(value).map_err(|e| CodecError::Encode {
             type_name: std::any::type_name::<T>(),
             reason: e.to_string(),
         })?;

@@ -265,8 +265,11 @@ fn distinct<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     ids
 }
 
+/// Stream positions by id, for one batch.
+type Positions<'a> = HashMap<&'a str, Position, foldhash::fast::RandomState>;
+
 /// The positions `rows` (`persistence_id, number, writer`) hold, by id.
-fn positions(rows: &[Row]) -> HashMap<&str, Position> {
+fn positions(rows: &[Row]) -> Positions<'_> {
     rows.iter()
         .map(|r| {
             (
@@ -291,7 +294,7 @@ async fn write(
 ) -> Result<Vec<Result<u64, StoreError>>, Failed> {
     // The position of each stream, taken at its first append: remembered by the lane, or
     // read below.
-    let mut remembered: HashMap<&str, Position> = HashMap::new();
+    let mut remembered = Positions::default();
     let mut unknown: Vec<&str> = Vec::new();
     for op in batch {
         if let Op::Append(r, _) = op {
