@@ -6,7 +6,9 @@
 //! its slot, handles messages in batches, and on an empty mailbox puts the state back and
 //! stores `IDLE` under the mailbox lock, only if the mailbox is still empty then (a sender that
 //! queued before saw `SCHEDULED` and did not spawn, so the run task must see its message; a
-//! sender that queues after sees `IDLE` and spawns). `TERMINATED` is final.
+//! sender that queues after sees `IDLE` and spawns). Only a message queued into an empty user
+//! lane schedules: one queued behind waiting messages is taken with them by the turn the first
+//! one's sender scheduled (see `Pushed::Behind`). `TERMINATED` is final.
 //!
 //! Lingering: even a dispatched turn costs a queue round trip and an allocation, which dominates
 //! when an actor receives a message every few microseconds (ping-pong, request/response). A
@@ -211,11 +213,15 @@ impl<A: Actor> Cell<A> {
         }
     }
 
+    #[inline]
     fn queued(&self, pushed: Pushed<A::Msg>) {
-        self.schedule();
-        if let Pushed::DroppedOldest(old) = pushed {
-            drop(old);
-            self.dead_letter(DeadReason::MailboxFull);
+        match pushed {
+            Pushed::First => self.schedule(),
+            Pushed::Behind => {}
+            Pushed::DroppedOldest(old) => {
+                drop(old);
+                self.dead_letter(DeadReason::MailboxFull);
+            }
         }
     }
 

@@ -155,9 +155,15 @@ impl<M> Batch<M> {
     }
 }
 
-/// Result of a push into a mailbox that dropped the oldest message to make room.
+/// What a push into a mailbox did.
 pub(crate) enum Pushed<M> {
-    Ok,
+    /// Queued in an empty user lane: the sender must schedule the actor.
+    First,
+    /// Queued behind messages that were waiting. The push that queued the first of them
+    /// scheduled the actor after queueing it, and no run has taken them yet (a take empties
+    /// the lane), so the run that takes them takes this one too: nothing to schedule.
+    Behind,
+    /// Queued after dropping the oldest waiting message to make room.
     DroppedOldest(M),
 }
 
@@ -228,7 +234,11 @@ impl<M> Mailbox<M> {
         if lanes.closed {
             return Err(TellError::Stopped(msg));
         }
-        let mut pushed = Pushed::Ok;
+        let mut pushed = if lanes.first.is_some() {
+            Pushed::Behind
+        } else {
+            Pushed::First
+        };
         if let Some(bound) = self.bounded.as_ref().filter(|_| respect_bound) {
             if lanes.user_len() >= bound.capacity {
                 match bound.overflow {
@@ -244,8 +254,13 @@ impl<M> Mailbox<M> {
             Some(of) => Envelope::Watched(of, msg),
             None => Envelope::User(msg),
         });
-        // SeqCst: pairs with the run task's `PARKED` store and `has_work` load (see cell.rs).
-        self.user_pending.store(true, Ordering::SeqCst);
+        // The flag is true while the lane holds anything (only a take that empties the lane,
+        // or closing, clears it), so only the first message sets it: a sender flooding an
+        // actor that is behind pays no barrier per message.
+        if matches!(pushed, Pushed::First) {
+            // SeqCst: pairs with the run task's `PARKED` store and `has_work` load (cell.rs).
+            self.user_pending.store(true, Ordering::SeqCst);
+        }
         Ok(pushed)
     }
 
@@ -392,8 +407,8 @@ mod tests {
     #[test]
     fn bounded_drop_newest_rejects() {
         let mb = Mailbox::new(&MailboxConfig::bounded(2));
-        assert!(matches!(mb.push(1), Ok(Pushed::Ok)));
-        assert!(matches!(mb.push(2), Ok(Pushed::Ok)));
+        assert!(matches!(mb.push(1), Ok(Pushed::First)));
+        assert!(matches!(mb.push(2), Ok(Pushed::Behind)));
         assert!(matches!(mb.push(3), Err(TellError::MailboxFull(3))));
     }
 
@@ -414,7 +429,7 @@ mod tests {
         let mb = Mailbox::new(&MailboxConfig::bounded(2));
         mb.push(1).ok();
         mb.push(2).ok();
-        assert!(matches!(mb.push_past_bound(3), Ok(Pushed::Ok)));
+        assert!(matches!(mb.push_past_bound(3), Ok(Pushed::Behind)));
         assert!(matches!(mb.push(4), Err(TellError::MailboxFull(4))));
         assert_eq!(messages(mb.close()), vec![1, 2, 3]);
         assert!(matches!(mb.push_past_bound(5), Err(TellError::Stopped(5))));
@@ -430,6 +445,35 @@ mod tests {
         assert_eq!(messages(mb.close()), vec![0, 1, 2, 3, 4]);
         assert!(matches!(mb.push(9), Err(TellError::Stopped(9))));
         assert!(!mb.push_system(SystemMessage::Stop));
+    }
+
+    /// Only the push into an empty user lane asks the sender to schedule the actor; once a
+    /// take emptied the lane (or the mailbox went idle), the next push is first again.
+    #[test]
+    fn only_the_first_waiting_message_schedules() {
+        let mb = Mailbox::new(&MailboxConfig::Unbounded);
+        assert!(matches!(mb.push(1), Ok(Pushed::First)));
+        assert!(mb.has_work());
+        assert!(matches!(mb.push(2), Ok(Pushed::Behind)));
+        assert!(matches!(mb.push(3), Ok(Pushed::Behind)));
+        let mut batch = Batch::new();
+        assert!(mb.take_batch(&mut batch));
+        assert!(!mb.has_work());
+        assert!(
+            matches!(mb.push(4), Ok(Pushed::First)),
+            "the lane was emptied"
+        );
+        assert!(
+            mb.has_work(),
+            "the first push after a take sets the flag again"
+        );
+        assert!(matches!(mb.push(5), Ok(Pushed::Behind)));
+        assert_eq!(messages(batch.into_envelopes()), vec![1, 2, 3]);
+        let mut batch = Batch::new();
+        assert!(mb.take_batch(&mut batch));
+        assert_eq!(messages(batch.into_envelopes()), vec![4, 5]);
+        assert!(mb.go_idle(&mut Batch::new(), || {}));
+        assert!(matches!(mb.push(6), Ok(Pushed::First)));
     }
 
     #[test]
