@@ -319,8 +319,8 @@ impl<B: EventSourced> Actor for EventSourcedEntity<B> {
     ) -> Result<(), ActorError> {
         if !self.recovered {
             // A failed write left the position unknown (the supervisor resumed us). Boxed, as
-            // every rare path here: the actor runtime allocates a turn's future per turn, and
-            // inline it would make that allocation four times as large for every command.
+            // the snapshot path below: the actor runtime allocates a turn's future per turn,
+            // and inline, this rare path's future would be part of every command's turn.
             Box::pin(self.recover()).await?;
         }
         let Effect { events, after } = self.behavior.handle_command(&self.state, command);

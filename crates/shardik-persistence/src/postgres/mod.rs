@@ -52,8 +52,8 @@ pub struct PostgresOptions {
     /// Stream positions each writer lane remembers (default 100 000; 0 remembers none). An
     /// append that continues a position its lane committed is written without reading the
     /// position first; any other append reads it in its batch's transaction. Positions are
-    /// kept in two generations of half this size each, so what is forgotten first is what
-    /// went unused for a whole generation. About 60 bytes per stream (ids of up to 24 bytes
+    /// kept in two generations of half this size each (rounded up), so what is forgotten
+    /// first is what went unused for a whole generation. About 60 bytes per stream (ids of up to 24 bytes
     /// are stored inline).
     pub known_positions: usize,
     /// TLS to the server (default `None`: plaintext, as `NoTls`). With TLS, a URL without
