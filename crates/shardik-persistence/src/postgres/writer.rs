@@ -73,14 +73,9 @@ pub(super) async fn run(
         // Durable-state rows are locked in persistence-id order, so two nodes' batches
         // cannot deadlock; the sort is stable, so one id's writes keep their order.
         batch.sort_by(|a, b| a.persistence_id().cmp(b.persistence_id()));
-        let results = write_batch(
-            &pool,
-            &sql,
-            &mut known,
-            &counters,
-            std::mem::take(&mut batch),
-        )
-        .await;
+        // Drained, not moved: the buffer keeps its capacity for the next batch.
+        let results = write_batch(&pool, &sql, &mut known, &counters, &mut batch).await;
+        debug_assert!(batch.is_empty(), "every write of a batch is answered");
         counters.batch(results.len(), "postgres");
         for done in results {
             done.send();
@@ -93,19 +88,21 @@ async fn write_batch(
     sql: &Sql,
     known: &mut Known,
     counters: &Counters,
-    batch: Vec<Op>,
+    batch: &mut Vec<Op>,
 ) -> Vec<Done> {
+    let mut results: Vec<Done> = Vec::with_capacity(batch.len());
     // PostgreSQL text cannot hold NUL: refuse such a write alone instead of failing the
     // statement that carries the whole batch.
-    let (batch, unstorable): (Vec<Op>, Vec<Op>) = batch.into_iter().partition(storable);
-    let mut results: Vec<Done> = unstorable
-        .into_iter()
-        .map(|op| {
+    if !batch.iter().all(storable) {
+        let (storable, unstorable): (Vec<Op>, Vec<Op>) =
+            std::mem::take(batch).into_iter().partition(storable);
+        *batch = storable;
+        results.extend(unstorable.into_iter().map(|op| {
             op.refuse(StoreError::Backend(
                 "postgres: text (persistence id or type name) must not contain NUL".into(),
             ))
-        })
-        .collect();
+        }));
+    }
     if batch.is_empty() {
         return results;
     }
@@ -113,7 +110,7 @@ async fn write_batch(
         Ok(c) => c,
         Err(e) => {
             let e = pool_error(e);
-            results.extend(batch.into_iter().map(|op| op.refuse(e.clone())));
+            results.extend(batch.drain(..).map(|op| op.refuse(e.clone())));
             return results;
         }
     };
@@ -121,12 +118,12 @@ async fn write_batch(
     // Connections the server dropped are found out by using them: at most the whole pool.
     let mut lost_left = pool.status().max_size + 1;
     let outcomes = loop {
-        let failed = match write(&client, sql, &batch, known, attempt == 1).await {
+        let failed = match write(&client, sql, batch, known, attempt == 1).await {
             Ok(outcomes) => break outcomes,
             Err(failed) => failed,
         };
         // What the batch's streams hold is unknown now.
-        for op in &batch {
+        for op in batch.iter() {
             known.forget(op.persistence_id());
         }
         let lost = connection_lost(&failed.error);
@@ -151,7 +148,7 @@ async fn write_batch(
                     Ok(c) => c,
                     Err(e) => {
                         let e = pool_error(e);
-                        results.extend(batch.into_iter().map(|op| op.refuse(e.clone())));
+                        results.extend(batch.drain(..).map(|op| op.refuse(e.clone())));
                         return results;
                     }
                 };
@@ -178,7 +175,7 @@ async fn write_batch(
     };
     results.extend(
         batch
-            .into_iter()
+            .drain(..)
             .zip(outcomes)
             .map(|(op, outcome)| op.complete(outcome)),
     );

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use compact_str::CompactString;
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -218,10 +219,14 @@ pub(super) fn checkpoint(conn: Connection, requests: Receiver<()>, running: &Mut
 /// Stream positions the writer has read or written, valid while no other connection has
 /// committed (SQLite's `data_version` of the writer's connection is unchanged): the writer
 /// then needs no read per stream.
+///
+/// Keyed by ids of up to 24 bytes inline (as the PostgreSQL lanes' positions, see
+/// `postgres/known.rs`): a lookup compares bytes already in cache instead of following a
+/// pointer to each key.
 #[derive(Default)]
 struct Positions {
     version: Option<i64>,
-    known: HashMap<String, Position>,
+    known: HashMap<CompactString, Position, foldhash::fast::RandomState>,
 }
 
 /// Most positions kept (forgotten all at once beyond).
@@ -242,7 +247,7 @@ impl Positions {
         match self.known.get_mut(pid) {
             Some(known) => *known = position,
             None => {
-                self.known.insert(pid.to_string(), position);
+                self.known.insert(CompactString::from(pid), position);
             }
         }
     }
