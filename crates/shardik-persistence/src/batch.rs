@@ -69,6 +69,13 @@ pub(crate) struct Position {
     pub(crate) writer: Incarnation,
 }
 
+/// Positions a writer remembers between batches, by persistence id. Ids of up to 24 bytes
+/// live inline in the map's bucket, so a lookup compares bytes already in cache (keyed by
+/// `String`, every lookup followed a pointer to the key's bytes: a cache miss per append with
+/// many streams, about 7% of the benchmark process's CPU with 10 000 entities on PostgreSQL).
+pub(crate) type RememberedPositions =
+    std::collections::HashMap<compact_str::CompactString, Position, foldhash::fast::RandomState>;
+
 /// An event an accepted append writes.
 #[derive(Debug)]
 pub(crate) struct NewEvent<'a> {

@@ -11,19 +11,12 @@
 //! never rewritten, and deleting events keeps the highest row. (Rows deleted by hand, outside
 //! the store, break that assumption; `known_positions: 0` turns remembering off.)
 
-use std::collections::HashMap;
-
 use compact_str::CompactString;
 
-use crate::batch::Position;
+use crate::batch::{Position, RememberedPositions as Map};
 use crate::record::Incarnation;
 
-/// A persistence id as the maps key it: ids of up to 24 bytes live inline in the map's
-/// bucket, so a lookup compares bytes already in cache. (Keyed by `String` in an LRU list,
-/// every lookup chased pointers to the entry and to the key's bytes: with many streams cache
-/// misses on every append, about 7% of the benchmark process's CPU with 10 000 entities.)
 type Key = CompactString;
-type Map = HashMap<Key, Position, foldhash::fast::RandomState>;
 
 /// Positions committed by one lane, in two generations: `recent` takes every position
 /// committed or confirmed; when it holds half the capacity it becomes `older` (the previous

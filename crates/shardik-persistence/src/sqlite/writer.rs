@@ -18,7 +18,6 @@ use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use compact_str::CompactString;
@@ -26,7 +25,7 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::schema::{backend, now_millis, to_i64, to_u64};
-use crate::batch::{plan, Counters, Done, Op, Plan, Position, SnapshotStep};
+use crate::batch::{plan, Counters, Done, Op, Plan, Position, RememberedPositions, SnapshotStep};
 
 const SELECT_STREAM: &str =
     "SELECT highest_seq_nr, writer FROM journal_meta WHERE persistence_id = ?1";
@@ -219,14 +218,10 @@ pub(super) fn checkpoint(conn: Connection, requests: Receiver<()>, running: &Mut
 /// Stream positions the writer has read or written, valid while no other connection has
 /// committed (SQLite's `data_version` of the writer's connection is unchanged): the writer
 /// then needs no read per stream.
-///
-/// Keyed by ids of up to 24 bytes inline (as the PostgreSQL lanes' positions, see
-/// `postgres/known.rs`): a lookup compares bytes already in cache instead of following a
-/// pointer to each key.
 #[derive(Default)]
 struct Positions {
     version: Option<i64>,
-    known: HashMap<CompactString, Position, foldhash::fast::RandomState>,
+    known: RememberedPositions,
 }
 
 /// Most positions kept (forgotten all at once beyond).
