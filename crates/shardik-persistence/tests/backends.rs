@@ -409,6 +409,56 @@ async fn postgres_writes_go_on_after_the_server_drops_the_connections() {
     connection.await.unwrap().unwrap();
 }
 
+/// Writes one after another reuse the pooled connection that was returned last (the pool
+/// hands connections out last in, first out), so the server backend that runs a batch is the
+/// one that ran the previous batch, its caches warm. Handing out the connection idle longest
+/// instead sent consecutive batches round every connection of the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_writes_one_after_another_reuse_one_connection() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let store = pg_store(&tagged(&url, &schema), schema.clone()).await;
+    let (admin, connection) = admin(&url).await;
+    let backends = |last_statement: &'static str| {
+        let (admin, schema) = (&admin, &schema);
+        async move {
+            let row = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = $1 AND query LIKE $2",
+                    &[schema, &last_statement],
+                )
+                .await
+                .expect("read pg_stat_activity");
+            row.get::<_, i64>(0)
+        }
+    };
+    // Concurrent reads each hold a connection: the pool opens several.
+    let store = &store;
+    let reads = (0..8).map(|i| async move {
+        let pid = format!("warm-{i}");
+        store.highest_seq_nr(&pid).await
+    });
+    for read in futures_util::future::join_all(reads).await {
+        assert_eq!(read, Ok(0));
+    }
+    let open = backends("%").await;
+    assert!(
+        open >= 2,
+        "the pool opened {open} connection(s) for concurrent reads"
+    );
+    // Streams the lanes have not seen: each batch is `BEGIN`, a read, the insert, `COMMIT`.
+    for i in 0..20u64 {
+        let pid = format!("one-after-another-{i}");
+        assert_eq!(store.append(suite::append(&pid, 0, 1, &[i])).await, Ok(1));
+    }
+    assert_eq!(backends("COMMIT%").await, 1, "of {open} open connections");
+    drop(admin);
+    connection.await.unwrap().unwrap();
+}
+
 /// The CA that signed the test server's certificate (`SHARDIK_PG_CA`, written by
 /// `scripts/start-test-postgres.sh` through `PG_CA_OUT`), or `None` (said on stderr).
 fn pg_ca() -> Option<String> {
