@@ -8,9 +8,10 @@ mod common;
 mod suite;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use shardik_persistence::{
-    InMemoryStore, Journal, PostgresOptions, PostgresStore, PostgresTls, SqliteStore,
+    InMemoryStore, Journal, PostgresOptions, PostgresStore, PostgresTls, SnapshotStore, SqliteStore,
 };
 
 /// Keeps a backend's resources (a temporary directory) alive for one test.
@@ -409,10 +410,41 @@ async fn postgres_writes_go_on_after_the_server_drops_the_connections() {
     connection.await.unwrap().unwrap();
 }
 
-/// Writes one after another reuse the pooled connection that was returned last (the pool
-/// hands connections out last in, first out), so the server backend that runs a batch is the
+/// How many of the connections tagged `name` (see [`tagged`]) wait for a lock.
+async fn waiting_on_locks(admin: &tokio_postgres::Client, name: &str) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            &[&name],
+        )
+        .await
+        .expect("read pg_stat_activity")
+        .get(0)
+}
+
+/// Waits until `count` of the connections tagged `name` wait for a lock (a state of the
+/// server, which no event announces: polled, for at most 10 s). `admin` must not be inside a
+/// transaction: PostgreSQL shows a transaction the activity it saw first, all along.
+async fn until_waiting_on_locks(admin: &tokio_postgres::Client, name: &str, count: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting = waiting_on_locks(admin, name).await;
+        if waiting == count {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{waiting} connections wait for a lock, expected {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Writes one after another reuse the writer connection that was returned last (the pools
+/// hand connections out last in, first out), so the server backend that runs a batch is the
 /// one that ran the previous batch, its caches warm. Handing out the connection idle longest
-/// instead sent consecutive batches round every connection of the pool.
+/// instead sent consecutive batches round every connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_writes_one_after_another_reuse_one_connection() {
     let Some(url) = pg_url() else {
@@ -420,43 +452,105 @@ async fn postgres_writes_one_after_another_reuse_one_connection() {
     };
     let schema = pg_schema();
     let store = pg_store(&tagged(&url, &schema), schema.clone()).await;
+    let (locker, locker_connection) = admin(&url).await;
     let (admin, connection) = admin(&url).await;
-    let backends = |last_statement: &'static str| {
-        let (admin, schema) = (&admin, &schema);
-        async move {
-            let row = admin
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE application_name = $1 AND query LIKE $2",
-                    &[schema, &last_statement],
-                )
-                .await
-                .expect("read pg_stat_activity");
-            row.get::<_, i64>(0)
-        }
-    };
-    // Concurrent reads each hold a connection: the pool opens several.
-    let store = &store;
-    let reads = (0..8).map(|i| async move {
-        let pid = format!("warm-{i}");
-        store.highest_seq_nr(&pid).await
-    });
-    for read in futures_util::future::join_all(reads).await {
-        assert_eq!(read, Ok(0));
+    // Both lanes write at once, each on a connection of its own: while a lock holds their
+    // inserts, the writers' pool has to open two.
+    locker
+        .batch_execute(&format!("BEGIN; LOCK TABLE {schema}.journal IN SHARE MODE"))
+        .await
+        .expect("lock the journal");
+    let first: Vec<_> = (0..16u64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let pid = format!("both-lanes-{i}");
+                store.append(suite::append(&pid, 0, 1, &[i])).await
+            })
+        })
+        .collect();
+    until_waiting_on_locks(&admin, &schema, 2).await;
+    locker.batch_execute("COMMIT").await.expect("unlock");
+    for append in first {
+        assert_eq!(append.await.expect("an append task"), Ok(1));
     }
-    let open = backends("%").await;
-    assert!(
-        open >= 2,
-        "the pool opened {open} connection(s) for concurrent reads"
-    );
-    // Streams the lanes have not seen: each batch is `BEGIN`, a read, the insert, `COMMIT`.
+    let since: std::time::SystemTime = admin
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .expect("the server's clock")
+        .get(0);
     for i in 0..20u64 {
         let pid = format!("one-after-another-{i}");
         assert_eq!(store.append(suite::append(&pid, 0, 1, &[i])).await, Ok(1));
     }
-    assert_eq!(backends("COMMIT%").await, 1, "of {open} open connections");
-    drop(admin);
+    let used: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND state_change > $2",
+            &[&schema, &since],
+        )
+        .await
+        .expect("read pg_stat_activity")
+        .get(0);
+    assert_eq!(used, 1, "connections used by 20 writes one after another");
+    drop((admin, locker));
     connection.await.unwrap().unwrap();
+    locker_connection.await.unwrap().unwrap();
+}
+
+/// Writes do not wait behind reads: with every read connection held by a read that waits
+/// (here on a lock; in production, many entities recovering at once), appends still commit
+/// on the writer lanes' own connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_writes_go_on_while_reads_hold_every_connection() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let options = PostgresOptions {
+        schema: schema.clone(),
+        pool_size: 2,
+        ..PostgresOptions::default()
+    };
+    let store = Arc::new(
+        PostgresStore::connect_with(&tagged(&url, &schema), options)
+            .await
+            .expect("connect to SHARDIK_PG_URL"),
+    );
+    let (locker, locker_connection) = admin(&url).await;
+    let (admin, connection) = admin(&url).await;
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE {schema}.snapshots IN ACCESS EXCLUSIVE MODE"
+        ))
+        .await
+        .expect("lock the snapshots");
+    // Four snapshot reads: two hold the read connections, waiting for the lock; two wait
+    // for a connection.
+    let reads: Vec<_> = (0..4)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.load_latest(&format!("reader-{i}")).await })
+        })
+        .collect();
+    until_waiting_on_locks(&admin, &schema, 2).await;
+    for i in 0..10u64 {
+        let pid = format!("written-meanwhile-{i}");
+        let append = store.append(suite::append(&pid, 0, 1, &[i]));
+        let done = tokio::time::timeout(Duration::from_secs(10), append).await;
+        assert_eq!(
+            done,
+            Ok(Ok(1)),
+            "append {i} while reads hold every read connection"
+        );
+    }
+    locker.batch_execute("COMMIT").await.expect("unlock");
+    for read in reads {
+        assert!(matches!(read.await.expect("a read task"), Ok(None)));
+    }
+    drop((admin, locker));
+    connection.await.unwrap().unwrap();
+    locker_connection.await.unwrap().unwrap();
 }
 
 /// The CA that signed the test server's certificate (`SHARDIK_PG_CA`, written by

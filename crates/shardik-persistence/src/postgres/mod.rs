@@ -41,7 +41,9 @@ pub struct PostgresOptions {
     /// The schema holding the tables, created if missing (default `"shardik"`): a plain
     /// lower-case identifier.
     pub schema: String,
-    /// Connections in the pool (default 8; each writer lane uses one per batch).
+    /// Connections for reads (default 8). The writer lanes have connections of their own,
+    /// one per lane, so writes never wait for a connection behind reads (such as many
+    /// entities recovering at once); a store opens at most `pool_size + writers`.
     pub pool_size: usize,
     /// Most writes grouped into one transaction (default 1024).
     pub max_batch: usize,
@@ -176,28 +178,40 @@ impl PostgresStore {
             )));
         }
         let mut config = tokio_postgres::Config::from_str(url).map_err(backend)?;
-        let recycling = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
-        let manager = match &options.tls {
-            None => Manager::from_config(config, NoTls, recycling),
-            Some(tls) => {
-                // Asking for TLS and accepting plaintext would be a silent downgrade.
-                if config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer {
-                    config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        // Asking for TLS and accepting plaintext would be a silent downgrade.
+        if options.tls.is_some() && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer
+        {
+            config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        }
+        let manager = || {
+            let recycling = ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            };
+            match &options.tls {
+                None => Manager::from_config(config.clone(), NoTls, recycling),
+                Some(tls) => {
+                    let connect =
+                        tokio_postgres_rustls::MakeRustlsConnect::new((*tls.client).clone());
+                    Manager::from_config(config.clone(), connect, recycling)
                 }
-                let connect = tokio_postgres_rustls::MakeRustlsConnect::new((*tls.client).clone());
-                Manager::from_config(config, connect, recycling)
             }
         };
-        // Last in, first out: a lane's next batch gets the connection the previous batch
-        // (of either lane) just returned, so the server backend that runs it has its caches
-        // warm and the server keeps few processes busy. First in, first out sent consecutive
-        // batches round every pooled connection (measured on the 10 000-entity benchmark:
-        // +9%, docs/persistence.md). Idle connections deeper in the stack may be closed by
-        // the server meanwhile; a batch or read that meets one goes on over another.
-        let pool = Pool::builder(manager)
-            .max_size(options.pool_size.max(2))
+        // Two pools: reads, and the writer lanes' own (one connection per lane), so that a
+        // burst of reads cannot hold every connection while writes wait for one.
+        // Last in, first out: the next batch or read gets the connection returned last, so
+        // the server backend that runs it has its caches warm and the server keeps few
+        // processes busy. First in, first out sent consecutive batches round every pooled
+        // connection (measured on the 10 000-entity benchmark: +9%, docs/persistence.md).
+        // Idle connections deeper in the stack may be closed by the server meanwhile; a
+        // batch or read that meets one goes on over another.
+        let writers = options.writers.max(1);
+        let pool = Pool::builder(manager())
+            .max_size(options.pool_size.max(1))
+            .queue_mode(deadpool_postgres::QueueMode::Lifo)
+            .build()
+            .map_err(pool_error)?;
+        let write_pool = Pool::builder(manager())
+            .max_size(writers)
             .queue_mode(deadpool_postgres::QueueMode::Lifo)
             .build()
             .map_err(pool_error)?;
@@ -209,11 +223,11 @@ impl PostgresStore {
             .await
             .map_err(backend)?;
         let stats = Arc::new(Counters::default());
-        let lanes = (0..options.writers.max(1))
+        let lanes = (0..writers)
             .map(|_| {
                 let (lane, ops) = mpsc::unbounded_channel();
                 tokio::spawn(writer::run(
-                    pool.clone(),
+                    write_pool.clone(),
                     sql.clone(),
                     ops,
                     options.max_batch.max(1),
