@@ -1,7 +1,7 @@
 //! The cluster sharding replica of a node in the `sharding_state` table: one statement per
-//! write on a pooled connection (these writes are rare and must not queue behind event
-//! batches); the newer-wins rule is part of the statement, so concurrent writers of one
-//! key cannot step back.
+//! write on a connection of the reads' pool, not through a writer lane (these writes are rare
+//! and must not queue behind event batches); the newer-wins rule is part of the statement,
+//! so concurrent writers of one key cannot step back.
 
 use shardik_sharding::cluster::{
     RecordKey, ShardingRecord, ShardingStateStore, StateStoreError, StateStoreFuture,
