@@ -3,7 +3,8 @@
 //!
 //! Writes go through writer tasks (lanes; all writes of one persistence id go through the
 //! same one) that each group whatever is queued into one transaction of a few set-based
-//! statements; reads use a small connection pool.
+//! statements, on a connection of their own (a pool of one per lane); reads use a pool of
+//! their own, so a burst of reads never holds the connections writes need.
 //!
 //! A stream's position is its highest journal row. Appends are checked optimistically: a
 //! lane reads the positions it does not know (it remembers the ones it committed), checks
