@@ -13,23 +13,7 @@ use cluster_util::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remembered_entities_restart_on_survivors_after_a_crash() {
     let reg = Arc::new(Registry::default());
-    let remember = || settings().remember_entities(true);
-    let mut nodes = Vec::new();
-    let mut seed = None;
-    for i in 0..3 {
-        let name = format!("n{i}");
-        let m = start_member(&name, seed.as_deref(), &[]).await;
-        seed.get_or_insert_with(|| m.1.self_node().address.clone());
-        let region = start_probe(&m.2, &name, 12, &reg, remember());
-        nodes.push(Node {
-            system: m.0,
-            cluster: m.1,
-            sharding: m.2,
-            region,
-        });
-    }
-    all_up(&nodes).await;
-    registered(&nodes[0], 3).await;
+    let nodes = remembering_cluster(3, 12, &reg).await;
 
     let ids: Vec<String> = (0..30).map(|i| format!("e{i}")).collect();
     let mut victims = Vec::new();
@@ -86,23 +70,7 @@ async fn remembered_entities_restart_on_survivors_after_a_crash() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remembered_entities_follow_their_shard_on_rebalance() {
     let reg = Arc::new(Registry::default());
-    let remember = || settings().remember_entities(true);
-    let mut nodes = Vec::new();
-    let mut seed = None;
-    for i in 0..2 {
-        let name = format!("n{i}");
-        let m = start_member(&name, seed.as_deref(), &[]).await;
-        seed.get_or_insert_with(|| m.1.self_node().address.clone());
-        let region = start_probe(&m.2, &name, 12, &reg, remember());
-        nodes.push(Node {
-            system: m.0,
-            cluster: m.1,
-            sharding: m.2,
-            region,
-        });
-    }
-    all_up(&nodes).await;
-    registered(&nodes[0], 2).await;
+    let mut nodes = remembering_cluster(2, 12, &reg).await;
     let ids: Vec<String> = (0..30).map(|i| format!("e{i}")).collect();
     for id in &ids {
         nodes[0].region.tell(id, Msg::Add { sender: 0, seq: 0 });
@@ -116,15 +84,8 @@ async fn remembered_entities_follow_their_shard_on_rebalance() {
     })
     .await;
 
-    let seed = seed.unwrap();
-    let m = start_member("n2", Some(&seed), &[]).await;
-    let region = start_probe(&m.2, "n2", 12, &reg, remember());
-    nodes.push(Node {
-        system: m.0,
-        cluster: m.1,
-        sharding: m.2,
-        region,
-    });
+    let seed = nodes[0].id().address.clone();
+    nodes.push(remembering_node("n2", Some(&seed), 12, &reg).await);
     all_up(&nodes).await;
     // Balanced, no hand-off running (polled).
     poll("balanced", Duration::from_secs(20), || {

@@ -66,6 +66,7 @@
 //! the "Cluster sharding" section of `docs/semantics.md`.
 mod coordinator;
 mod directory;
+mod entity_sets;
 mod membership;
 mod proxy;
 mod region;

@@ -3,27 +3,60 @@
 //! majority and starts those entities at once.
 //!
 //! Per shard, the owner is the single writer (a shard has one home at a time). Each set
-//! carries a stamp (owner generation, write number); a new owner reads a majority, takes the
-//! set with the highest stamp and continues with the next generation, so a replica never
-//! takes an older owner's set over a newer one's. Writes are sent to every quorum member
-//! without waiting: a write lost (connection down) is repaired by the next write of the
-//! shard (every new entity of the shard writes the whole set again).
+//! carries a stamp (owner generation, write number, one per id added); a new owner reads a
+//! majority, takes the set with the highest stamp and continues with the next generation, so
+//! a replica never takes an older owner's set over a newer one's.
+//!
+//! The owner writes to each replica (its own node's included) over a *pipe*: at most one
+//! write in flight, answered by the replica once it holds the write (stored, with a durable
+//! store). The first write of a pipe is the whole set; after that a write carries only the
+//! ids added since the stamp the replica acknowledged last ([`EntityDelta`]), so a burst of
+//! new entities costs writes of the new ids, batched by the round trip, not a copy of the
+//! whole set per id. A replica that does not hold a delta's base answers `NeedFull` and
+//! gets the whole set next. A write that fails (no answer within the replication timeout,
+//! the connection down, the store failing) is retried with the whole set every
+//! [`RESEND`], as long as the shard is hosted here; the same tick brings new quorum
+//! members the set.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use shardik_cluster::member::UniqueAddress;
 use shardik_cluster::runtime::Cluster;
 
+use super::entity_sets::{EntityWrite, Offer};
 use super::membership::{majority, quorum_members};
 use super::replica::ReplicaStore;
-use super::wire::{EntitySet, ReplicaReq, REPLICA_PATH};
+use super::wire::{EntitiesAck, EntityDelta, EntitySet, ReplicaReq, REPLICA_PATH};
 use crate::hash::ShardId;
+
+/// How often failed writes are retried and new quorum members are sent the sets.
+pub(crate) const RESEND: Duration = Duration::from_secs(1);
+
+/// How long the list of quorum members written to is used before it is read again.
+const PEERS_TTL: Duration = Duration::from_millis(50);
 
 /// Starts an entity of a hosted shard without a message.
 pub(crate) type StartEntity = Arc<dyn Fn(ShardId, &str) + Send + Sync>;
+
+/// Where a shard's set is written: this node's replica or a peer's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Target {
+    Local,
+    Peer(UniqueAddress),
+}
+
+/// The owner's side of the writes to one replica.
+#[derive(Default)]
+struct Pipe {
+    /// The stamp the replica acknowledged; `None`: unknown, the next write is the whole set.
+    held: Option<(u64, u64)>,
+    /// The stamp of the write in flight, if one is.
+    in_flight: Option<(u64, u64)>,
+}
 
 struct ShardMem {
     /// Bumped every time the shard starts being hosted here (a stale read is ignored).
@@ -32,6 +65,10 @@ struct ShardMem {
     loaded: bool,
     stamp: (u64, u64),
     ids: BTreeSet<String>,
+    /// The ids of write numbers `log_start + 1 ..= stamp.1`, in order: what deltas carry.
+    log: Vec<String>,
+    log_start: u64,
+    pipes: HashMap<Target, Pipe>,
 }
 
 pub(crate) struct Remember {
@@ -45,6 +82,17 @@ pub(crate) struct Remember {
     pub(crate) start: StartEntity,
     shards: Mutex<HashMap<ShardId, ShardMem>>,
     next_gen: Mutex<u64>,
+    /// The highest set generation this node used per shard (kept when the shard stops): a
+    /// shard hosted here again continues above it even if its majority read missed the
+    /// previous hosting's last writes (they race with the read), so two hostings never
+    /// write different sets under one stamp.
+    set_gens: Mutex<HashMap<ShardId, u64>>,
+    /// The resend task runs.
+    ticking: AtomicBool,
+    /// The quorum members other than this node, and when they were read from the cluster
+    /// state (read again when older than [`PEERS_TTL`]: a pump per new id must not copy the
+    /// cluster state).
+    peers: Mutex<(Option<Instant>, Arc<[Target]>)>,
 }
 
 impl Remember {
@@ -67,12 +115,15 @@ impl Remember {
             start,
             shards: Mutex::new(HashMap::new()),
             next_gen: Mutex::new(0),
+            set_gens: Mutex::new(HashMap::new()),
+            ticking: AtomicBool::new(false),
+            peers: Mutex::new((None, Arc::from(Vec::new()))),
         })
     }
 
     /// An entity message was delivered to a hosted shard: remember its id.
-    pub(crate) fn delivered(&self, shard: ShardId, id: &str) {
-        let write = {
+    pub(crate) fn delivered(self: &Arc<Self>, shard: ShardId, id: &str) {
+        {
             let mut shards = self.shards.lock();
             let Some(m) = shards.get_mut(&shard) else {
                 return;
@@ -81,11 +132,19 @@ impl Remember {
                 return;
             }
             m.ids.insert(id.to_string());
-            m.loaded.then(|| next_set(m))
-        };
-        if let Some(set) = write {
-            self.write(shard, set);
+            m.stamp.1 += 1;
+            if !m.loaded {
+                // The load continues the set with these ids; nothing is written before.
+                return;
+            }
+            m.log.push(id.to_string());
+            if !m.pipes.is_empty() && m.pipes.values().all(|p| p.in_flight.is_some()) {
+                // Every pipe is busy: each takes this id with its next write, when its
+                // answer comes.
+                return;
+            }
         }
+        self.pump(shard);
     }
 
     /// The shard is hosted here from now on: read its remembered ids from a majority, start
@@ -103,8 +162,14 @@ impl Remember {
                 loaded: false,
                 stamp: (0, 0),
                 ids: BTreeSet::new(),
+                log: Vec::new(),
+                log_start: 0,
+                pipes: HashMap::new(),
             },
         );
+        if !self.ticking.swap(true, Ordering::AcqRel) {
+            tokio::spawn(resend(Arc::downgrade(self)));
+        }
         let me = self.clone();
         tokio::spawn(async move { me.load(shard, gen).await });
     }
@@ -124,16 +189,19 @@ impl Remember {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        let (set, to_start) = {
+        let to_start = {
             let mut shards = self.shards.lock();
             let Some(m) = shards.get_mut(&shard).filter(|m| m.gen == gen) else {
                 return;
             };
             let to_start: Vec<String> = best.ids.iter().cloned().collect();
             m.ids.extend(best.ids);
-            m.stamp = (best.stamp.0 + 1, 0);
+            let mut gens = self.set_gens.lock();
+            let last = gens.entry(shard).or_default();
+            *last = best.stamp.0.max(*last) + 1;
+            m.stamp = (*last, 0);
             m.loaded = true;
-            (next_set(m), to_start)
+            to_start
         };
         if !to_start.is_empty() {
             tracing::debug!(entity_type = %self.type_name, shard, entities = to_start.len(), "starting remembered entities");
@@ -147,13 +215,12 @@ impl Remember {
             }
             (self.start)(shard, id);
         }
-        self.write(shard, set);
+        self.pump(shard);
     }
 
     fn tracking(&self, shard: ShardId, gen: u64) -> bool {
         self.shards.lock().get(&shard).is_some_and(|m| m.gen == gen)
     }
-
     /// The newest set of `shard` among a majority of the quorum's replicas, or `None` if a
     /// majority did not answer within the timeout.
     async fn read_majority(&self, shard: ShardId) -> Option<EntitySet> {
@@ -207,32 +274,232 @@ impl Remember {
         Some(best)
     }
 
-    fn write(&self, shard: ShardId, set: EntitySet) {
-        let state = self.cluster.state();
-        let me: UniqueAddress = self.cluster.self_node().clone();
-        for node in quorum_members(&state, self.role.as_deref()) {
-            if node == me {
+    /// Starts a write on every pipe of `shard` that is idle and behind: the whole set where
+    /// the replica's position is unknown, else the ids it lacks.
+    fn pump(self: &Arc<Self>, shard: ShardId) {
+        // A loop, not recursion: this node's replica answers inline, and ids may have been
+        // added meanwhile.
+        while self.pump_once(shard) {}
+    }
+
+    /// One round of [`pump`](Self::pump); true if this node's replica answered inline
+    /// (another round may have more to write).
+    fn pump_once(self: &Arc<Self>, shard: ShardId) -> bool {
+        let peers = self.peers();
+        let mut writes = Vec::new();
+        let gen = {
+            let mut shards = self.shards.lock();
+            let Some(m) = shards.get_mut(&shard).filter(|m| m.loaded) else {
+                return false;
+            };
+            // Members that left the quorum get nothing more.
+            m.pipes
+                .retain(|t, _| *t == Target::Local || peers.contains(t));
+            for target in std::iter::once(&Target::Local).chain(peers.iter()) {
+                let (stamp, log_start) = (m.stamp, m.log_start);
+                let pipe = m.pipes.entry(target.clone()).or_default();
+                if pipe.in_flight.is_some() || pipe.held == Some(stamp) {
+                    continue;
+                }
+                pipe.in_flight = Some(stamp);
+                let write = match pipe.held {
+                    Some(held) if held.0 == stamp.0 && held.1 >= log_start => {
+                        EntityWrite::Delta(EntityDelta {
+                            base: held,
+                            stamp,
+                            ids: m.log[(held.1 - log_start) as usize..].to_vec(),
+                        })
+                    }
+                    _ => EntityWrite::Full(EntitySet {
+                        stamp,
+                        ids: m.ids.clone(),
+                    }),
+                };
+                writes.push((target.clone(), write));
+            }
+            m.gen
+        };
+        let mut again = false;
+        for (target, write) in writes {
+            let sent = write.stamp();
+            if target == Target::Local {
+                // This node's replica answers at once unless it waits for its store.
+                match self.replicas.offer_entities(&self.type_name, shard, write) {
+                    Offer::Ready(ack) => again = self.settle(shard, gen, &target, sent, Some(ack)),
+                    Offer::Pending { answer, .. } => {
+                        let me = self.clone();
+                        tokio::spawn(async move {
+                            let ack = answer.await.ok();
+                            if me.settle(shard, gen, &target, sent, ack) {
+                                me.pump(shard);
+                            }
+                        });
+                    }
+                }
                 continue;
             }
-            let r = self
-                .cluster
-                .remote()
-                .lookup::<ReplicaReq>(REPLICA_PATH, &node.address);
-            let _ = r.try_tell_control(ReplicaReq::WriteEntities {
-                type_name: self.type_name.clone(),
-                shard,
-                set: set.clone(),
+            let Target::Peer(node) = &target else {
+                continue;
+            };
+            let kind = match &write {
+                EntityWrite::Full(_) => "full",
+                EntityWrite::Delta(_) => "delta",
+            };
+            metrics::counter!(
+                "shardik_sharding_remember_writes_total",
+                "entity_type" => self.type_name.clone(),
+                "kind" => kind
+            )
+            .increment(1);
+            let node = node.clone();
+            let me = self.clone();
+            tokio::spawn(async move {
+                let ack = me.send(&node, shard, write).await;
+                if me.settle(shard, gen, &target, sent, ack) {
+                    me.pump(shard);
+                }
             });
         }
-        self.replicas.write_entities(&self.type_name, shard, set);
+        again
+    }
+
+    /// The quorum members other than this node, read from the cluster state at most every
+    /// [`PEERS_TTL`].
+    fn peers(&self) -> Arc<[Target]> {
+        let mut peers = self.peers.lock();
+        if peers.0.is_none_or(|at| at.elapsed() >= PEERS_TTL) {
+            let state = self.cluster.state();
+            let me = self.cluster.self_node();
+            let list: Vec<Target> = quorum_members(&state, self.role.as_deref())
+                .into_iter()
+                .filter(|n| n != me)
+                .map(Target::Peer)
+                .collect();
+            *peers = (Some(Instant::now()), list.into());
+        }
+        peers.1.clone()
+    }
+
+    /// Sends one write to the replica of `node`; `None` if it was not answered.
+    async fn send(
+        &self,
+        node: &UniqueAddress,
+        shard: ShardId,
+        write: EntityWrite,
+    ) -> Option<EntitiesAck> {
+        let r = self
+            .cluster
+            .remote()
+            .lookup::<ReplicaReq>(REPLICA_PATH, &node.address);
+        let type_name = self.type_name.clone();
+        r.ask(
+            |reply| match write {
+                EntityWrite::Full(set) => ReplicaReq::WriteEntities {
+                    type_name,
+                    shard,
+                    set,
+                    reply,
+                },
+                EntityWrite::Delta(delta) => ReplicaReq::AddEntities {
+                    type_name,
+                    shard,
+                    delta,
+                    reply,
+                },
+            },
+            self.timeout,
+        )
+        .await
+        .ok()
+    }
+
+    /// The answer (or none) to a write stamped `sent` on `target`'s pipe. True if the shard
+    /// should be pumped again (the replica answered; more may be waiting).
+    fn settle(
+        &self,
+        shard: ShardId,
+        gen: u64,
+        target: &Target,
+        sent: (u64, u64),
+        ack: Option<EntitiesAck>,
+    ) -> bool {
+        {
+            let mut shards = self.shards.lock();
+            let Some(m) = shards.get_mut(&shard).filter(|m| m.gen == gen) else {
+                return false;
+            };
+            let Some(pipe) = m.pipes.get_mut(target) else {
+                return false;
+            };
+            pipe.in_flight = None;
+            pipe.held = match ack {
+                Some(EntitiesAck::Held) => Some(sent),
+                Some(EntitiesAck::NeedFull) | None => None,
+                Some(EntitiesAck::Newer(theirs)) => {
+                    // The replica holds a set stamped above this one: written under the same
+                    // or a higher generation by an earlier hosting whose writes the majority
+                    // read missed (it ended before this one started: one home at a time).
+                    // This node hosts the shard now, so its set wins: continue above theirs,
+                    // and every replica gets the whole set again.
+                    if theirs > m.stamp {
+                        let mut gens = self.set_gens.lock();
+                        let last = gens.entry(shard).or_default();
+                        *last = theirs.0.max(*last) + 1;
+                        m.stamp = (*last, 0);
+                        m.log.clear();
+                        m.log_start = 0;
+                        tracing::debug!(entity_type = %self.type_name, shard, ?theirs, "remembered set continues above an earlier hosting's");
+                    }
+                    None
+                }
+            };
+            // The log is kept from the oldest position of this generation a replica holds
+            // or is being sent: the next delta of each pipe starts there.
+            let stamp = m.stamp;
+            let oldest = m
+                .pipes
+                .values()
+                .filter_map(|p| p.in_flight.or(p.held))
+                .filter(|s| s.0 == stamp.0)
+                .map(|s| s.1)
+                .min();
+            let keep_from = oldest.unwrap_or(m.stamp.1).max(m.log_start);
+            m.log.drain(..(keep_from - m.log_start) as usize);
+            m.log_start = keep_from;
+        }
+        if ack.is_none() {
+            metrics::counter!(
+                "shardik_sharding_remember_write_failures_total",
+                "entity_type" => self.type_name.clone()
+            )
+            .increment(1);
+            tracing::debug!(entity_type = %self.type_name, shard, ?target, "remembered entities not written; retried");
+            // Retried by the resend tick, not at once: the replica may be down.
+            return false;
+        }
+        true
     }
 }
 
-fn next_set(m: &mut ShardMem) -> EntitySet {
-    m.stamp.1 += 1;
-    EntitySet {
-        stamp: m.stamp,
-        ids: m.ids.clone(),
+/// Every [`RESEND`], pumps every loaded shard: writes that failed are retried, new quorum
+/// members get the sets. Ends with the [`Remember`] or the cluster.
+async fn resend(remember: Weak<Remember>) {
+    loop {
+        tokio::time::sleep(RESEND).await;
+        let Some(r) = remember.upgrade() else { return };
+        if r.cluster.stopped().is_some() {
+            return;
+        }
+        let shards: Vec<ShardId> = r
+            .shards
+            .lock()
+            .iter()
+            .filter(|(_, m)| m.loaded)
+            .map(|(s, _)| *s)
+            .collect();
+        for shard in shards {
+            r.pump(shard);
+        }
     }
 }
 

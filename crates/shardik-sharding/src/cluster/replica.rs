@@ -11,21 +11,21 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use shardik_actor::ReplyTo;
 use shardik_remote::Remote;
 
+use super::entity_sets::{EntitySets, EntityWrite, Offer, SetKey};
 use super::state_store::{
     decode, encode, RecordKey, ShardingRecord, ShardingStateStore, StateStoreError,
 };
-use super::wire::{decoder, EntitySet, ReplicaAck, ReplicaReq, REPLICA_PATH};
+use super::wire::{decoder, EntitiesAck, EntitySet, ReplicaAck, ReplicaReq, REPLICA_PATH};
 use crate::coordination::CoordinatorState;
 use crate::hash::ShardId;
 
-/// The durable side of a replica: the store, this node's id in it, and the entity sets
-/// waiting for their shard's write in flight (only the newest is written).
+/// The durable side of a replica: the store and this node's id in it.
 struct Durable {
     store: Arc<dyn ShardingStateStore>,
     node: String,
-    queued: Mutex<HashMap<(String, ShardId), Option<EntitySet>>>,
 }
 
 /// The coordinator states this node holds, by entity type name, and the remembered entity
@@ -33,7 +33,7 @@ struct Durable {
 #[derive(Default)]
 pub(crate) struct ReplicaStore {
     states: Mutex<HashMap<String, CoordinatorState>>,
-    entities: Mutex<HashMap<(String, ShardId), EntitySet>>,
+    entities: Mutex<EntitySets>,
     durable: Option<Durable>,
 }
 
@@ -52,8 +52,8 @@ impl ReplicaStore {
             durable: Some(Durable {
                 store,
                 node: node.to_string(),
-                queued: Mutex::new(HashMap::new()),
             }),
+            entities: Mutex::new(EntitySets::new(true)),
             ..ReplicaStore::default()
         };
         for rec in records {
@@ -64,7 +64,7 @@ impl ReplicaStore {
                 }
                 RecordKey::Entities { type_name, shard } => {
                     let set: EntitySet = decode(&rec.bytes)?;
-                    r.apply_entities(&type_name, shard, set);
+                    r.entities.lock().load((type_name, shard), set);
                 }
             }
         }
@@ -154,101 +154,118 @@ impl ReplicaStore {
         self.states.lock().get(type_name).cloned()
     }
 
-    /// Stores the remembered entities of a shard unless the stored set has a higher stamp.
-    /// With a store, the set is stored durably first (one write per shard at a time; sets
-    /// that arrive meanwhile are coalesced into the newest); a failed write is logged and
-    /// repaired by the shard's next write, like a write lost on the network.
-    pub(crate) fn write_entities(
+    /// Applies a write of a shard's remembered entities (see [`EntitySets`]). `None` if it
+    /// was not stored (the durable store failed): the writer sends it again later, as after
+    /// a write lost on the network.
+    #[cfg(test)]
+    pub(crate) async fn write_entities(
         self: &Arc<Self>,
         type_name: &str,
         shard: ShardId,
-        set: EntitySet,
-    ) {
-        let Some(d) = &self.durable else {
-            self.apply_entities(type_name, shard, set);
-            return;
-        };
+        write: EntityWrite,
+    ) -> Option<EntitiesAck> {
+        match self.offer_entities(type_name, shard, write) {
+            Offer::Ready(ack) => Some(ack),
+            Offer::Pending { answer, .. } => answer.await.ok(),
+        }
+    }
+
+    /// [`write_entities`](Self::write_entities) up to the point where it waits; starts the
+    /// shard's save loop if it needs one.
+    pub(crate) fn offer_entities(
+        self: &Arc<Self>,
+        type_name: &str,
+        shard: ShardId,
+        write: EntityWrite,
+    ) -> Offer {
         let key = (type_name.to_string(), shard);
+        let offer = self.entities.lock().offer(key.clone(), write);
+        if let Offer::Pending {
+            start_saving: true, ..
+        } = &offer
         {
-            let mut queued = d.queued.lock();
-            if let Some(next) = queued.get_mut(&key) {
-                // A write of this shard is in flight: it writes the newest set after it.
-                if next.as_ref().is_none_or(|n| set.stamp >= n.stamp) {
-                    *next = Some(set);
-                }
-                return;
-            }
-            queued.insert(key.clone(), None);
+            let me = self.clone();
+            tokio::spawn(async move { me.save_entities(key).await });
         }
-        let me = self.clone();
-        tokio::spawn(async move { me.store_entities(key, set).await });
+        offer
     }
 
-    async fn store_entities(&self, key: (String, ShardId), mut set: EntitySet) {
+    /// The save loop of one shard's set: stores the newest accepted set until no newer one
+    /// is waiting. One runs per shard at a time.
+    async fn save_entities(&self, key: SetKey) {
         let Some(d) = &self.durable else { return };
-        let (type_name, shard) = (key.0.as_str(), key.1);
         loop {
-            let newer_held = self
-                .entities
-                .lock()
-                .get(&key)
-                .is_some_and(|cur| cur.stamp > set.stamp);
-            if !newer_held {
-                let saved = match encode(&set) {
-                    Ok(bytes) => {
-                        let record = ShardingRecord {
-                            key: RecordKey::Entities {
-                                type_name: type_name.to_string(),
-                                shard,
-                            },
-                            rank: set.stamp,
-                            bytes,
-                        };
-                        d.store.save_record(&d.node, &record).await
-                    }
-                    Err(e) => Err(e),
-                };
-                match saved {
-                    Ok(true) => self.apply_entities(type_name, shard, set),
-                    Ok(false) => {}
-                    Err(e) => store_failed(type_name, &e),
+            let Some(set) = self.entities.lock().next_save(&key) else {
+                return;
+            };
+            let saved = match encode(&set) {
+                Ok(bytes) => {
+                    let record = ShardingRecord {
+                        key: RecordKey::Entities {
+                            type_name: key.0.clone(),
+                            shard: key.1,
+                        },
+                        rank: set.stamp,
+                        bytes,
+                    };
+                    d.store.save_record(&d.node, &record).await
                 }
-            }
-            let mut queued = d.queued.lock();
-            match queued.get_mut(&key).and_then(Option::take) {
-                Some(next) => set = next,
-                None => {
-                    queued.remove(&key);
-                    return;
+                Err(e) => Err(e),
+            };
+            // `Ok(false)`: the store holds a newer record than this set, so it is not lost.
+            let stored = match saved {
+                Ok(_) => true,
+                Err(e) => {
+                    store_failed(&key.0, &e);
+                    false
                 }
-            }
-        }
-    }
-
-    fn apply_entities(&self, type_name: &str, shard: ShardId, set: EntitySet) {
-        let mut e = self.entities.lock();
-        let key = (type_name.to_string(), shard);
-        if e.get(&key).is_none_or(|cur| set.stamp >= cur.stamp) {
-            e.insert(key, set);
+            };
+            self.entities.lock().saved(&key, set, stored);
         }
     }
 
     /// The remembered entities of a shard.
     pub(crate) fn read_entities(&self, type_name: &str, shard: ShardId) -> Option<EntitySet> {
-        self.entities
-            .lock()
-            .get(&(type_name.to_string(), shard))
-            .cloned()
+        self.entities.lock().read(&(type_name.to_string(), shard))
     }
 
     /// Every remembered entity id of a type this replica holds.
     pub(crate) fn remembered(&self, type_name: &str) -> BTreeSet<String> {
         self.entities
             .lock()
-            .iter()
-            .filter(|((t, _), _)| t == type_name)
-            .flat_map(|(_, s)| s.ids.iter().cloned())
+            .of_type(type_name)
+            .flat_map(|s| s.ids.iter().cloned())
             .collect()
+    }
+
+    /// How many remembered entity ids of a type this replica holds.
+    pub(crate) fn remembered_count(&self, type_name: &str) -> usize {
+        self.entities
+            .lock()
+            .of_type(type_name)
+            .map(|s| s.ids.len())
+            .sum()
+    }
+
+    /// Applies an owner's write received over the network and answers it; no answer if the
+    /// durable store failed (the owner's ask fails and it writes the whole set again later).
+    fn answer_entities(
+        self: &Arc<Self>,
+        type_name: String,
+        shard: ShardId,
+        write: EntityWrite,
+        reply: ReplyTo<EntitiesAck>,
+    ) {
+        match self.offer_entities(&type_name, shard, write) {
+            Offer::Ready(ack) => reply.reply(ack),
+            Offer::Pending { answer, .. } => {
+                tokio::spawn(async move {
+                    if let Ok(ack) = answer.await {
+                        reply.reply(ack);
+                    }
+                });
+            }
+        }
     }
 
     /// Serves [`REPLICA_PATH`] on `remote`.
@@ -278,7 +295,14 @@ impl ReplicaStore {
                     type_name,
                     shard,
                     set,
-                } => me.write_entities(&type_name, shard, set),
+                    reply,
+                } => me.answer_entities(type_name, shard, EntityWrite::Full(set), reply),
+                ReplicaReq::AddEntities {
+                    type_name,
+                    shard,
+                    delta,
+                    reply,
+                } => me.answer_entities(type_name, shard, EntityWrite::Delta(delta), reply),
                 ReplicaReq::ReadEntities {
                     type_name,
                     shard,
@@ -421,16 +445,25 @@ mod durable_tests {
     async fn entity_sets_are_stored_newest_first_and_reloaded() {
         let store = Arc::new(TestStore::default());
         let r = Arc::new(ReplicaStore::load(store.clone(), "n1").await.unwrap());
-        // Several writes of one shard in a row: coalesced, the newest stays.
-        r.write_entities("t", 3, set((1, 1), &["a"]));
-        r.write_entities("t", 3, set((1, 3), &["a", "b", "c"]));
-        r.write_entities("t", 3, set((1, 2), &["a", "b"]));
-        r.write_entities("t", 4, set((2, 1), &["x"]));
-        // The writes run on tasks: wait until the store holds the newest of each shard.
-        let durable = || {
-            let recs = store.records.lock();
-            let rank = |shard| {
-                recs.get(&(
+        let full = |stamp, ids: &[&str]| EntityWrite::Full(set(stamp, ids));
+        // Writes of one shard while its save runs: coalesced, each answered once a save
+        // covering it ended; the older one (1, 2) is refused at once (a newer set is
+        // accepted).
+        let (a, b, c, d) = tokio::join!(
+            r.write_entities("t", 3, full((1, 1), &["a"])),
+            r.write_entities("t", 3, full((1, 3), &["a", "b", "c"])),
+            r.write_entities("t", 3, full((1, 2), &["a", "b"])),
+            r.write_entities("t", 4, full((2, 1), &["x"])),
+        );
+        for ack in [a, b, d] {
+            assert_eq!(ack, Some(EntitiesAck::Held));
+        }
+        assert_eq!(c, Some(EntitiesAck::Newer((1, 3))));
+        let rank = |shard| {
+            store
+                .records
+                .lock()
+                .get(&(
                     "n1".to_string(),
                     RecordKey::Entities {
                         type_name: "t".into(),
@@ -438,21 +471,30 @@ mod durable_tests {
                     },
                 ))
                 .map(|r| r.rank)
-            };
-            rank(3) == Some((1, 3)) && rank(4) == Some((2, 1))
         };
-        for _ in 0..1000 {
-            if durable() && r.read_entities("t", 3).is_some_and(|s| s.stamp == (1, 3)) {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        assert!(durable());
+        assert_eq!((rank(3), rank(4)), (Some((1, 3)), Some((2, 1))));
+        // A delta on the saved set.
+        let delta = EntityWrite::Delta(super::super::wire::EntityDelta {
+            base: (1, 3),
+            stamp: (1, 4),
+            ids: vec!["d".into()],
+        });
+        assert_eq!(
+            r.write_entities("t", 3, delta).await,
+            Some(EntitiesAck::Held)
+        );
+        // A failing store: not acknowledged, and reads keep the saved set.
+        store.fail.store(true, Ordering::SeqCst);
+        assert_eq!(r.write_entities("t", 3, full((1, 5), &["e"])).await, None);
+        assert_eq!(r.read_entities("t", 3).unwrap().stamp, (1, 4));
+        store.fail.store(false, Ordering::SeqCst);
+
         let again = ReplicaStore::load(store, "n1").await.unwrap();
         assert_eq!(
             again.read_entities("t", 3),
-            Some(set((1, 3), &["a", "b", "c"]))
+            Some(set((1, 4), &["a", "b", "c", "d"]))
         );
-        assert_eq!(again.remembered("t").len(), 4);
+        assert_eq!(again.remembered("t").len(), 5);
+        assert_eq!(again.remembered_count("t"), 5);
     }
 }

@@ -437,6 +437,12 @@ impl ClusterSharding {
         self.inner.replicas.remembered(type_name)
     }
 
+    /// How many entity ids of `type_name` this node's replica remembers: the size of
+    /// [`remembered_entities`](Self::remembered_entities) without copying the ids.
+    pub fn remembered_entity_count(&self, type_name: &str) -> usize {
+        self.inner.replicas.remembered_count(type_name)
+    }
+
     /// Why the coordinator refused this node's region of `type_name`, if it did (every
     /// message to the type then fails on this node with `TellError::Stopped`).
     pub fn refusal(&self, type_name: &str) -> Option<ShardingError> {

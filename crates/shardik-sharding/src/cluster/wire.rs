@@ -170,11 +170,19 @@ pub(crate) enum ReplicaReq {
         type_name: String,
         reply: ReplyTo<Option<CoordinatorState>>,
     },
-    /// Store the remembered entities of a shard if `set` is newer than the stored one.
+    /// Store the whole remembered set of a shard unless the replica holds a newer one.
     WriteEntities {
         type_name: String,
         shard: ShardId,
         set: EntitySet,
+        reply: ReplyTo<EntitiesAck>,
+    },
+    /// Add ids to the remembered set of a shard, if the replica holds exactly `delta.base`.
+    AddEntities {
+        type_name: String,
+        shard: ShardId,
+        delta: EntityDelta,
+        reply: ReplyTo<EntitiesAck>,
     },
     /// The remembered entities of a shard, if any.
     ReadEntities {
@@ -190,6 +198,26 @@ pub(crate) enum ReplicaReq {
 pub(crate) struct EntitySet {
     pub(crate) stamp: (u64, u64),
     pub(crate) ids: std::collections::BTreeSet<String>,
+}
+
+/// The ids a shard's owner added to its set between two stamps: applied by a replica that
+/// holds the set stamped `base`, giving the set stamped `stamp`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EntityDelta {
+    pub(crate) base: (u64, u64),
+    pub(crate) stamp: (u64, u64),
+    pub(crate) ids: Vec<String>,
+}
+
+/// A replica's answer to a write of remembered entities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum EntitiesAck {
+    /// The replica holds the written set (stored, with a durable store).
+    Held,
+    /// The replica holds a set with a higher stamp (the one given) and ignored the write.
+    Newer((u64, u64)),
+    /// A delta whose base the replica does not hold: the writer sends the whole set.
+    NeedFull,
 }
 
 /// The answer to [`ReplicaReq::Write`]: whether it was stored, and the stored epoch/version.

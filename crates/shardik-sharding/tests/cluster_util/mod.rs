@@ -381,6 +381,44 @@ pub async fn cluster_configured(
     nodes
 }
 
+/// A member `name` (joining through `seed`, or forming the cluster) with the probe type of
+/// `shards` shards started with remember entities.
+pub async fn remembering_node(
+    name: &str,
+    seed: Option<&str>,
+    shards: u32,
+    reg: &Arc<Registry>,
+) -> Node {
+    let (system, cluster, sharding) = start_member(name, seed, &[]).await;
+    let region = start_probe(
+        &sharding,
+        name,
+        shards,
+        reg,
+        settings().remember_entities(true),
+    );
+    Node {
+        system,
+        cluster,
+        sharding,
+        region,
+    }
+}
+
+/// `n` [`remembering_node`]s `n0..`: `n0` forms the cluster, the others join through it;
+/// returns once every node sees all of them `Up` and `n0` coordinates all `n` regions.
+pub async fn remembering_cluster(n: usize, shards: u32, reg: &Arc<Registry>) -> Vec<Node> {
+    let first = remembering_node("n0", None, shards, reg).await;
+    let seed = first.id().address.clone();
+    let mut nodes = vec![first];
+    for i in 1..n {
+        nodes.push(remembering_node(&format!("n{i}"), Some(&seed), shards, reg).await);
+    }
+    all_up(&nodes).await;
+    registered(&nodes[0], n).await;
+    nodes
+}
+
 /// Waits until the coordinator on `coord` has `n` regions registered (no event reports it).
 pub async fn registered(coord: &Node, n: usize) {
     poll("regions registered", Duration::from_secs(20), || {
