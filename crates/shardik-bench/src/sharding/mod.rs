@@ -7,7 +7,7 @@
 //! | [`traffic`] | `sharding_tell_{local,remote}_msgs_per_s`, `sharding_ask_seq_{local,remote}_{per_s,p50_us,p99_us}`, `sharding_ask_concurrent_{local,remote}_per_s` |
 //! | [`failover`] | `sharding_failover_after_sigkill_s` (3 nodes: this one and two children) |
 //! | [`rebalance`] | `sharding_rebalance_after_join_1000shards_s` |
-//! | [`activation`] | `sharding_activation_per_s` (one node in this process) |
+//! | [`activation`] | `sharding_activation_per_s` (one node in this process), `sharding_activation_remembered_per_s` (two nodes in this process) |
 //!
 //! The child is this binary re-run as the hidden `sharding-peer` subcommand ([`peer`]). After
 //! both nodes are `Up` and every entity answered once (which allocates every shard: the
@@ -68,6 +68,8 @@ pub struct Sizes {
     pub ask_concurrent_remote: u64,
     /// New entities per activation round.
     pub activation: usize,
+    /// New entities per remembered activation round.
+    pub activation_remembered: usize,
     /// Rounds of the failover and rebalance benchmarks.
     pub cluster_rounds: usize,
 }
@@ -84,6 +86,7 @@ impl Sizes {
                 ask_concurrent_local: 5_000,
                 ask_concurrent_remote: 2_000,
                 activation: 10_000,
+                activation_remembered: 10_000,
                 cluster_rounds: opts.rounds.unwrap_or(1).max(1),
             }
         } else {
@@ -95,6 +98,7 @@ impl Sizes {
                 ask_concurrent_local: 500_000,
                 ask_concurrent_remote: 200_000,
                 activation: 1_000_000,
+                activation_remembered: 200_000,
                 cluster_rounds: opts.rounds.unwrap_or(3).max(1),
             }
         }
@@ -317,6 +321,10 @@ fn benches() -> Vec<Bench> {
         Bench {
             records: &[activation::NAME],
             run: activation::activation,
+        },
+        Bench {
+            records: &[activation::REMEMBERED],
+            run: activation::activation_remembered,
         },
         Bench {
             records: &[failover::NAME],
