@@ -1,14 +1,32 @@
-//! Remember entities under a burst of 20 000 new entities: every replica ends up with every id, and
-//! the ids travel as deltas batched by the round trip, not as a copy of the whole set per id.
-//! (Its own test binary: it installs a global metrics recorder.)
+//! How remembered entity ids reach the replicas: a burst of 20 000 new entities ends up on
+//! every replica as deltas batched by the round trip (not a copy of the whole set per id),
+//! and a replica that missed writes gets the whole set again. (Its own test binary: it
+//! installs a global metrics recorder; its tests run one at a time.)
 
 mod cluster_util;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use cluster_util::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use shardik_remote::FaultInjector;
+
+/// The tests of this binary run one at a time: they read the same global counters.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The global recorder, installed by the first test that asks.
+fn recorder() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
 
 const SHARDS: u32 = 12;
 const NODES: usize = 3;
@@ -42,22 +60,13 @@ fn counter(snapshot: &Snapshot, name: &str, kind: Option<&str>) -> u64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_new_entities_reaches_every_replica_as_few_writes() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
-
-    let reg = Arc::new(Registry::default());
-    let nodes = remembering_cluster(NODES, SHARDS, &reg).await;
-
-    // First a few entities, until every replica holds them: every shard has its home and
-    // each home has written its set to every replica once.
-    const FIRST: usize = 100;
-    for i in 0..FIRST {
-        where_is(&nodes[0], &format!("e{i}")).await;
+/// Starts entities `e0 .. e{n-1}` through the first node, one at a time, and waits until
+/// every replica holds them: every shard has its home, and each home has written its set to
+/// every replica. Returns their ids.
+async fn start_first(nodes: &[Node], n: usize) -> Vec<String> {
+    let ids: Vec<String> = (0..n).map(|i| format!("e{i}")).collect();
+    for id in &ids {
+        where_is(&nodes[0], id).await;
     }
     poll(
         "the first ids on every replica",
@@ -65,10 +74,24 @@ async fn a_burst_of_new_entities_reaches_every_replica_as_few_writes() {
         || {
             nodes
                 .iter()
-                .all(|n| n.sharding.remembered_entity_count(TYPE) == FIRST)
+                .all(|node| node.sharding.remembered_entity_count(TYPE) == n)
         },
     )
     .await;
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_new_entities_reaches_every_replica_as_few_writes() {
+    let _serial = SERIAL.lock().await;
+    let snapshotter = recorder();
+    snapshot(snapshotter);
+
+    let reg = Arc::new(Registry::default());
+    let nodes = remembering_cluster(NODES, SHARDS, &reg).await;
+
+    const FIRST: usize = 100;
+    start_first(&nodes, FIRST).await;
     assert_eq!(
         nodes[0]
             .sharding
@@ -102,7 +125,7 @@ async fn a_burst_of_new_entities_reaches_every_replica_as_few_writes() {
 
     // Each hosting node sends each peer its shard's whole set once (more only after a write
     // went unanswered, retried whole), then deltas of the ids added meanwhile.
-    let snap = snapshot(&snapshotter);
+    let snap = snapshot(snapshotter);
     let full = counter(
         &snap,
         "shardik_sharding_remember_writes_total",
@@ -131,5 +154,61 @@ async fn a_burst_of_new_entities_reaches_every_replica_as_few_writes() {
         full + delta < per_id / 2,
         "{full} whole sets and {delta} deltas for {IDS} ids"
     );
+    stop_all(&nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_missed_writes_gets_the_whole_set_again() {
+    let _serial = SERIAL.lock().await;
+    let snapshotter = recorder();
+    snapshot(snapshotter);
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    // Replica writes that get no answer within 300 ms count as failed.
+    let mut s = settings();
+    s.replication_timeout = Duration::from_millis(300);
+    let nodes = remembering_cluster_with(NODES, SHARDS, &reg, Some(&faults), s).await;
+    let first_ids = start_first(&nodes, 100).await;
+
+    // Everything n0 sends n2 is dropped while new entities start on n0's shards.
+    let hosted = nodes[0].hosted();
+    let more: Vec<String> = (100..2_000)
+        .map(|i| format!("e{i}"))
+        .filter(|id| hosted.contains(&nodes[0].region.shard_of(id)))
+        .take(200)
+        .collect();
+    assert_eq!(more.len(), 200, "n0 hosts some of the 12 shards");
+    let total = first_ids.len() + more.len();
+    faults.cut("n0", "n2");
+    for id in &more {
+        nodes[0].region.tell(id, Msg::Add { sender: 0, seq: 0 });
+    }
+    poll("n1 holds the new ids", Duration::from_secs(30), || {
+        nodes[1].sharding.remembered_entity_count(TYPE) == total
+    })
+    .await;
+    let mut failed = 0;
+    poll("n0's writes to n2 failed", Duration::from_secs(30), || {
+        failed += counter(
+            &snapshot(snapshotter),
+            "shardik_sharding_remember_write_failures_total",
+            None,
+        );
+        failed > 0
+    })
+    .await;
+    assert_eq!(
+        nodes[2].sharding.remembered_entity_count(TYPE),
+        first_ids.len(),
+        "n2 got none of n0's new ids through the cut"
+    );
+    faults.heal("n0", "n2");
+    // Retried whole after the backoff: n2 holds every id again without a new entity.
+    poll("n2 holds every id", Duration::from_secs(30), || {
+        nodes[2].sharding.remembered_entity_count(TYPE) == total
+    })
+    .await;
+    let all: std::collections::BTreeSet<String> = first_ids.iter().chain(&more).cloned().collect();
+    assert_eq!(nodes[2].sharding.remembered_entities(TYPE), all);
     stop_all(&nodes).await;
 }

@@ -14,9 +14,10 @@
 //! new entities costs writes of the new ids, batched by the round trip, not a copy of the
 //! whole set per id. A replica that does not hold a delta's base answers `NeedFull` and
 //! gets the whole set next. A write that fails (no answer within the replication timeout,
-//! the connection down, the store failing) is retried with the whole set every
-//! [`RESEND`], as long as the shard is hosted here; the same tick brings new quorum
-//! members the set.
+//! the connection down, the store failing) is retried with the whole set by a tick every
+//! [`RESEND`], as long as the shard is hosted here, backing off to one try every
+//! [`MAX_BACKOFF`] while the replica stays silent; the same tick brings new quorum members
+//! the set.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +36,9 @@ use crate::hash::ShardId;
 
 /// How often failed writes are retried and new quorum members are sent the sets.
 pub(crate) const RESEND: Duration = Duration::from_secs(1);
+
+/// The longest wait between two writes to a replica that does not answer.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// How long the list of quorum members written to is used before it is read again.
 const PEERS_TTL: Duration = Duration::from_millis(50);
@@ -56,6 +60,11 @@ struct Pipe {
     held: Option<(u64, u64)>,
     /// The stamp of the write in flight, if one is.
     in_flight: Option<(u64, u64)>,
+    /// Writes in a row that got no answer, and when the next may be sent: an unreachable
+    /// replica is written to less and less often (up to every [`MAX_BACKOFF`]), not sent
+    /// every set on every tick.
+    failures: u32,
+    retry_at: Option<Instant>,
 }
 
 struct ShardMem {
@@ -298,7 +307,10 @@ impl Remember {
             for target in std::iter::once(&Target::Local).chain(peers.iter()) {
                 let (stamp, log_start) = (m.stamp, m.log_start);
                 let pipe = m.pipes.entry(target.clone()).or_default();
-                if pipe.in_flight.is_some() || pipe.held == Some(stamp) {
+                if pipe.in_flight.is_some()
+                    || pipe.held == Some(stamp)
+                    || pipe.retry_at.is_some_and(|at| Instant::now() < at)
+                {
                     continue;
                 }
                 pipe.in_flight = Some(stamp);
@@ -432,6 +444,15 @@ impl Remember {
                 return false;
             };
             pipe.in_flight = None;
+            if ack.is_some() {
+                pipe.failures = 0;
+                pipe.retry_at = None;
+            } else {
+                // RESEND, 2 RESEND, 4 RESEND, ... up to MAX_BACKOFF after the failure.
+                pipe.failures = pipe.failures.saturating_add(1);
+                let wait = RESEND.saturating_mul(1 << (pipe.failures - 1).min(5));
+                pipe.retry_at = Some(Instant::now() + wait.min(MAX_BACKOFF));
+            }
             pipe.held = match ack {
                 Some(EntitiesAck::Held) => Some(sent),
                 Some(EntitiesAck::NeedFull) | None => None,

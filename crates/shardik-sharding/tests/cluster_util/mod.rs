@@ -253,6 +253,25 @@ pub async fn start_node_with(
 /// How a test changes the probe entity type (idle timeout, live-entity cap, ...).
 pub type Configure = dyn Fn(EntityType<Probe>) -> EntityType<Probe> + Sync;
 
+/// A member `id` with `faults` (if any), joining through `seed` (or forming the cluster),
+/// up, with its cluster sharding extension and no entity type started.
+async fn faulty_member(
+    id: &str,
+    seed: Option<&str>,
+    faults: Option<&FaultInjector>,
+) -> (ActorSystem, Cluster, ClusterSharding) {
+    let mut c = config(id);
+    if let Some(f) = faults {
+        c = c.faults(f.clone());
+    }
+    if let Some(seed) = seed {
+        c = c.seed_nodes([seed.to_string()]);
+    }
+    let (system, cluster) = up(id, c).await;
+    let sharding = ClusterSharding::get(&cluster);
+    (system, cluster, sharding)
+}
+
 /// [`start_node_with`] with the probe type changed by `configure` (applied after the shard
 /// count).
 pub async fn start_node_configured(
@@ -263,15 +282,7 @@ pub async fn start_node_configured(
     faults: Option<&FaultInjector>,
     configure: &Configure,
 ) -> Node {
-    let mut c = config(id);
-    if let Some(f) = faults {
-        c = c.faults(f.clone());
-    }
-    if let Some(seed) = seed {
-        c = c.seed_nodes([seed.to_string()]);
-    }
-    let (system, cluster) = up(id, c).await;
-    let sharding = ClusterSharding::get(&cluster);
+    let (system, cluster, sharding) = faulty_member(id, seed, faults).await;
     let node = id.to_string();
     let r = reg.clone();
     let region = sharding
@@ -389,13 +400,25 @@ pub async fn remembering_node(
     shards: u32,
     reg: &Arc<Registry>,
 ) -> Node {
-    let (system, cluster, sharding) = start_member(name, seed, &[]).await;
+    remembering_node_with(name, seed, shards, reg, None, settings()).await
+}
+
+/// [`remembering_node`] with `faults` and `settings` (remember entities turned on in them).
+pub async fn remembering_node_with(
+    name: &str,
+    seed: Option<&str>,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    settings: ClusterShardingSettings,
+) -> Node {
+    let (system, cluster, sharding) = faulty_member(name, seed, faults).await;
     let region = start_probe(
         &sharding,
         name,
         shards,
         reg,
-        settings().remember_entities(true),
+        settings.remember_entities(true),
     );
     Node {
         system,
@@ -408,11 +431,25 @@ pub async fn remembering_node(
 /// `n` [`remembering_node`]s `n0..`: `n0` forms the cluster, the others join through it;
 /// returns once every node sees all of them `Up` and `n0` coordinates all `n` regions.
 pub async fn remembering_cluster(n: usize, shards: u32, reg: &Arc<Registry>) -> Vec<Node> {
-    let first = remembering_node("n0", None, shards, reg).await;
+    remembering_cluster_with(n, shards, reg, None, settings()).await
+}
+
+/// [`remembering_cluster`] with `faults` and `settings` on every node.
+pub async fn remembering_cluster_with(
+    n: usize,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    settings: ClusterShardingSettings,
+) -> Vec<Node> {
+    let first = remembering_node_with("n0", None, shards, reg, faults, settings.clone()).await;
     let seed = first.id().address.clone();
     let mut nodes = vec![first];
     for i in 1..n {
-        nodes.push(remembering_node(&format!("n{i}"), Some(&seed), shards, reg).await);
+        let name = format!("n{i}");
+        let node =
+            remembering_node_with(&name, Some(&seed), shards, reg, faults, settings.clone()).await;
+        nodes.push(node);
     }
     all_up(&nodes).await;
     registered(&nodes[0], n).await;
