@@ -4,11 +4,14 @@
 
 mod cluster_util;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cluster_util::*;
+use shardik_sharding::cluster::RememberedStart;
+use shardik_sharding::ShardId;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remembered_entities_restart_on_survivors_after_a_crash() {
@@ -112,6 +115,79 @@ async fn remembered_entities_follow_their_shard_on_rebalance() {
             .all(|id| homes[*id].len() == 2 && homes[*id][1] == "n2")
     })
     .await;
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
+/// With `RememberedStart::Constant`, a shard's new home starts its remembered entities a
+/// few at a time: after a crash, the entities of each moved shard restart spread over time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_entities_start_at_the_configured_rate() {
+    const STEP: usize = 2;
+    const EVERY: Duration = Duration::from_millis(400);
+    let reg = Arc::new(Registry::default());
+    let paced = settings().remembered_start(RememberedStart::Constant {
+        entities: NonZeroUsize::new(STEP).unwrap(),
+        every: EVERY,
+    });
+    let nodes = remembering_cluster_with(3, 12, &reg, None, paced).await;
+    let ids: Vec<String> = (0..60).map(|i| format!("e{i}")).collect();
+    let mut victims: BTreeMap<ShardId, Vec<String>> = BTreeMap::new();
+    for id in &ids {
+        if where_is(&nodes[0], id).await == "n2" {
+            let shard = nodes[0].region.shard_of(id);
+            victims.entry(shard).or_default().push(id.clone());
+        }
+    }
+    let (&big, group) = victims
+        .iter()
+        .max_by_key(|(_, v)| v.len())
+        .expect("some entities on n2");
+    assert!(
+        group.len() > 2 * STEP,
+        "shard {big} has {} entities",
+        group.len()
+    );
+    poll("ids remembered", Duration::from_secs(20), || {
+        nodes[..2]
+            .iter()
+            .all(|n| n.sharding.remembered_entity_count(TYPE) == ids.len())
+    })
+    .await;
+
+    nodes[2].crash().await;
+    // When each of the crashed node's entities started again (polled: within 20 ms).
+    let mut restarted: HashMap<String, Instant> = HashMap::new();
+    let all: Vec<&String> = victims.values().flatten().collect();
+    poll(
+        "remembered entities restarted",
+        Duration::from_secs(30),
+        || {
+            let homes = reg.homes.lock();
+            for id in &all {
+                if homes[*id].len() == 2 {
+                    restarted.entry((*id).clone()).or_insert_with(Instant::now);
+                }
+            }
+            restarted.len() == all.len()
+        },
+    )
+    .await;
+    // Each shard's entities: STEP at a time, EVERY apart, so the last of a shard's group
+    // starts at least (steps - 1) * EVERY after its first (less the 20 ms of polling).
+    for (shard, group) in &victims {
+        let times: Vec<Instant> = group.iter().map(|id| restarted[id]).collect();
+        let first = *times.iter().min().unwrap();
+        let last = *times.iter().max().unwrap();
+        let steps = group.len().div_ceil(STEP) as u32;
+        let least = EVERY * (steps - 1);
+        assert!(
+            last - first + Duration::from_millis(40) >= least,
+            "shard {shard}: {} entities restarted within {:?}, paced they take at least {least:?}",
+            group.len(),
+            last - first
+        );
+    }
     reg.assert_single_writer();
     stop_all(&nodes).await;
 }

@@ -78,7 +78,7 @@ mod state_store;
 mod wire;
 
 pub use coordinator::CoordinatorSnapshot;
-pub use settings::ClusterShardingSettings;
+pub use settings::{ClusterShardingSettings, RememberedStart};
 pub use sharding::ClusterSharding;
 pub use state_store::{
     replaces, RecordKey, ShardingRecord, ShardingStateStore, StateStoreError, StateStoreFuture,

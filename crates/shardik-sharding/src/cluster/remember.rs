@@ -31,6 +31,7 @@ use shardik_cluster::runtime::Cluster;
 use super::entity_sets::{EntityWrite, Offer};
 use super::membership::{majority, quorum_members};
 use super::replica::ReplicaStore;
+use super::settings::{ClusterShardingSettings, RememberedStart};
 use super::wire::{EntitiesAck, EntityDelta, EntitySet, ReplicaReq, REPLICA_PATH};
 use crate::hash::ShardId;
 
@@ -88,6 +89,8 @@ pub(crate) struct Remember {
     pub(crate) timeout: Duration,
     /// Fewer quorum members than this: no read counts as a majority (`min_quorum`).
     pub(crate) min_quorum: usize,
+    /// How a loaded shard's remembered entities are started.
+    pub(crate) start_rate: RememberedStart,
     pub(crate) start: StartEntity,
     shards: Mutex<HashMap<ShardId, ShardMem>>,
     next_gen: Mutex<u64>,
@@ -105,22 +108,23 @@ pub(crate) struct Remember {
 }
 
 impl Remember {
+    /// Remember entities of `type_name` with the type's `settings` (role, replication
+    /// timeout, minimum quorum, start rate); `start` starts an entity without a message.
     pub(crate) fn new(
         type_name: &str,
         cluster: &Cluster,
         replicas: Arc<ReplicaStore>,
-        role: Option<String>,
-        timeout: Duration,
-        min_quorum: usize,
+        settings: &ClusterShardingSettings,
         start: StartEntity,
     ) -> Arc<Self> {
         Arc::new(Remember {
             type_name: type_name.to_string(),
             cluster: cluster.clone(),
             replicas,
-            role,
-            timeout,
-            min_quorum,
+            role: settings.role.clone(),
+            timeout: settings.replication_timeout,
+            min_quorum: settings.min_quorum,
+            start_rate: settings.remembered_start,
             start,
             shards: Mutex::new(HashMap::new()),
             next_gen: Mutex::new(0),
@@ -212,24 +216,36 @@ impl Remember {
             m.loaded = true;
             to_start
         };
+        // The set is complete: write it before the (possibly paced) starts.
+        self.pump(shard);
         if !to_start.is_empty() {
             tracing::debug!(entity_type = %self.type_name, shard, entities = to_start.len(), "starting remembered entities");
         }
-        for id in &to_start {
-            // Under the lock `shard_stopped` takes before the region stops the shard: an
-            // entity is started either before the stop (which then stops it too) or not at all.
-            let shards = self.shards.lock();
-            if shards.get(&shard).is_none_or(|m| m.gen != gen) {
-                return;
+        let (step, every) = match self.start_rate {
+            RememberedStart::All => (to_start.len().max(1), Duration::ZERO),
+            RememberedStart::Constant { entities, every } => (entities.get(), every),
+        };
+        for (i, ids) in to_start.chunks(step).enumerate() {
+            if i > 0 {
+                tokio::time::sleep(every).await;
             }
-            (self.start)(shard, id);
+            for id in ids {
+                // Under the lock `shard_stopped` takes before the region stops the shard: an
+                // entity is started either before the stop (which then stops it too) or not
+                // at all, and none once the shard has moved on.
+                let shards = self.shards.lock();
+                if shards.get(&shard).is_none_or(|m| m.gen != gen) {
+                    return;
+                }
+                (self.start)(shard, id);
+            }
         }
-        self.pump(shard);
     }
 
     fn tracking(&self, shard: ShardId, gen: u64) -> bool {
         self.shards.lock().get(&shard).is_some_and(|m| m.gen == gen)
     }
+
     /// The newest set of `shard` among a majority of the quorum's replicas, or `None` if a
     /// majority did not answer within the timeout.
     async fn read_majority(&self, shard: ShardId) -> Option<EntitySet> {

@@ -1,5 +1,6 @@
 //! [`ClusterShardingSettings`]: the timing and limits of the cluster layer of one entity type.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +51,11 @@ pub struct ClusterShardingSettings {
     /// message; a crashed node's shards are reallocated at once for that. Ids are never
     /// forgotten (a passivated entity is restarted on the shard's next home). Default `false`.
     pub remember_entities: bool,
+    /// How a shard's new home starts its remembered entities: all at once (default), or a
+    /// few at a time so that a failover or a full restart does not start (and recover from
+    /// the journal) every entity of every moved shard in the same instant. Entities that get
+    /// a message start at once either way.
+    pub remembered_start: RememberedStart,
     /// Where the coordinator puts new shards and which shards a rebalance round moves. Default
     /// [`LeastShards`]; [`LocalFirst`](crate::coordination::LocalFirst) keeps a shard on the node
     /// that first sent to it. Configure the same strategy on every node (the coordinator may
@@ -63,6 +69,21 @@ pub struct ClusterShardingSettings {
     /// majority of itself and start from its own copy, which may miss what the other nodes
     /// acknowledged. A running coordinator is not stopped when members leave. Default 1.
     pub min_quorum: usize,
+}
+
+/// How a shard's new home starts its remembered entities
+/// ([`ClusterShardingSettings::remembered_start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RememberedStart {
+    /// Every remembered entity of the shard at once.
+    All,
+    /// `entities` of the shard's remembered entities at a time, the next ones `every` later.
+    Constant {
+        /// Entities started per step.
+        entities: NonZeroUsize,
+        /// Time between two steps.
+        every: Duration,
+    },
 }
 
 impl Default for ClusterShardingSettings {
@@ -79,6 +100,7 @@ impl Default for ClusterShardingSettings {
             down_margin: Duration::from_millis(500),
             role: None,
             remember_entities: false,
+            remembered_start: RememberedStart::All,
             allocation_strategy: Arc::new(LeastShards),
             min_quorum: 1,
         }
@@ -107,6 +129,26 @@ impl ClusterShardingSettings {
     /// Sets [`remember_entities`](Self::remember_entities).
     pub fn remember_entities(mut self, on: bool) -> Self {
         self.remember_entities = on;
+        self
+    }
+
+    /// Sets [`remembered_start`](Self::remembered_start).
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    /// use std::time::Duration;
+    /// use shardik_sharding::cluster::{ClusterShardingSettings, RememberedStart};
+    /// // Per shard: 5 remembered entities every 100 ms (Akka's constant recovery strategy).
+    /// let settings = ClusterShardingSettings::default()
+    ///     .remember_entities(true)
+    ///     .remembered_start(RememberedStart::Constant {
+    ///         entities: NonZeroUsize::new(5).unwrap(),
+    ///         every: Duration::from_millis(100),
+    ///     });
+    /// # let _ = settings;
+    /// ```
+    pub fn remembered_start(mut self, start: RememberedStart) -> Self {
+        self.remembered_start = start;
         self
     }
 

@@ -317,9 +317,7 @@ impl ClusterSharding {
                 &name,
                 cluster,
                 self.inner.replicas.clone(),
-                settings.role.clone(),
-                settings.replication_timeout,
-                settings.min_quorum,
+                &settings,
                 Arc::new(move |shard: ShardId, id: &str| host.start_entity(shard, id)),
             )
         });
