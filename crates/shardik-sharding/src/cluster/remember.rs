@@ -1,6 +1,7 @@
 //! Remember entities: the ids of the entities started in each hosted shard are written to the
 //! replicas of the type's quorum members, and a new home of a shard reads them back from a
-//! majority and starts those entities at once.
+//! majority and starts those entities without a message: all at once, or paced by
+//! [`RememberedStart::Constant`].
 //!
 //! Per shard, the owner is the single writer (a shard has one home at a time). Each set
 //! carries a stamp (owner generation, write number, one per id added); a new owner reads a

@@ -154,24 +154,9 @@ impl ReplicaStore {
         self.states.lock().get(type_name).cloned()
     }
 
-    /// Applies a write of a shard's remembered entities (see [`EntitySets`]). `None` if it
-    /// was not stored (the durable store failed): the writer sends it again later, as after
-    /// a write lost on the network.
-    #[cfg(test)]
-    pub(crate) async fn write_entities(
-        self: &Arc<Self>,
-        type_name: &str,
-        shard: ShardId,
-        write: EntityWrite,
-    ) -> Option<EntitiesAck> {
-        match self.offer_entities(type_name, shard, write) {
-            Offer::Ready(ack) => Some(ack),
-            Offer::Pending { answer, .. } => answer.await.ok(),
-        }
-    }
-
-    /// [`write_entities`](Self::write_entities) up to the point where it waits; starts the
-    /// shard's save loop if it needs one.
+    /// Applies a write of a shard's remembered entities (see [`EntitySets`]): answered now,
+    /// or (with a durable store) once a save covering it ends, the answer's sender dropped if
+    /// that save fails. Starts the shard's save loop if it needs one.
     pub(crate) fn offer_entities(
         self: &Arc<Self>,
         type_name: &str,
@@ -441,6 +426,19 @@ mod durable_tests {
         assert!(ReplicaStore::load(store, "n1").await.is_err());
     }
 
+    /// Applies `write` and waits for its answer; `None` if it was not stored.
+    async fn write_entities(
+        r: &Arc<ReplicaStore>,
+        type_name: &str,
+        shard: ShardId,
+        write: EntityWrite,
+    ) -> Option<EntitiesAck> {
+        match r.offer_entities(type_name, shard, write) {
+            Offer::Ready(ack) => Some(ack),
+            Offer::Pending { answer, .. } => answer.await.ok(),
+        }
+    }
+
     #[tokio::test]
     async fn entity_sets_are_stored_newest_first_and_reloaded() {
         let store = Arc::new(TestStore::default());
@@ -450,10 +448,10 @@ mod durable_tests {
         // covering it ended; the older one (1, 2) is refused at once (a newer set is
         // accepted).
         let (a, b, c, d) = tokio::join!(
-            r.write_entities("t", 3, full((1, 1), &["a"])),
-            r.write_entities("t", 3, full((1, 3), &["a", "b", "c"])),
-            r.write_entities("t", 3, full((1, 2), &["a", "b"])),
-            r.write_entities("t", 4, full((2, 1), &["x"])),
+            write_entities(&r, "t", 3, full((1, 1), &["a"])),
+            write_entities(&r, "t", 3, full((1, 3), &["a", "b", "c"])),
+            write_entities(&r, "t", 3, full((1, 2), &["a", "b"])),
+            write_entities(&r, "t", 4, full((2, 1), &["x"])),
         );
         for ack in [a, b, d] {
             assert_eq!(ack, Some(EntitiesAck::Held));
@@ -480,12 +478,12 @@ mod durable_tests {
             ids: vec!["d".into()],
         });
         assert_eq!(
-            r.write_entities("t", 3, delta).await,
+            write_entities(&r, "t", 3, delta).await,
             Some(EntitiesAck::Held)
         );
         // A failing store: not acknowledged, and reads keep the saved set.
         store.fail.store(true, Ordering::SeqCst);
-        assert_eq!(r.write_entities("t", 3, full((1, 5), &["e"])).await, None);
+        assert_eq!(write_entities(&r, "t", 3, full((1, 5), &["e"])).await, None);
         assert_eq!(r.read_entities("t", 3).unwrap().stamp, (1, 4));
         store.fail.store(false, Ordering::SeqCst);
 
