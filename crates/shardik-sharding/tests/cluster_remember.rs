@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster_util::*;
-use shardik_sharding::cluster::RememberedStart;
+use shardik_sharding::cluster::{
+    replaces, ClusterSharding, RecordKey, RememberedStart, ShardingRecord, ShardingStateStore,
+    StateStoreFuture,
+};
 use shardik_sharding::ShardId;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,6 +118,141 @@ async fn remembered_entities_follow_their_shard_on_rebalance() {
             .all(|id| homes[*id].len() == 2 && homes[*id][1] == "n2")
     })
     .await;
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
+/// A replica store that takes [`SLOW_SAVE`] to store remembered entities (and stores the
+/// coordinator state at once): a replica answers a write of remembered ids only once it
+/// stored them, and reads see only stored sets.
+#[derive(Default)]
+struct SlowEntityStore {
+    records: parking_lot::Mutex<HashMap<(String, RecordKey), ShardingRecord>>,
+}
+
+const SLOW_SAVE: Duration = Duration::from_millis(400);
+
+impl ShardingStateStore for SlowEntityStore {
+    fn save_record<'a>(
+        &'a self,
+        node: &'a str,
+        record: &'a ShardingRecord,
+    ) -> StateStoreFuture<'a, bool> {
+        Box::pin(async move {
+            if matches!(record.key, RecordKey::Entities { .. }) {
+                tokio::time::sleep(SLOW_SAVE).await;
+            }
+            let mut records = self.records.lock();
+            let key = (node.to_string(), record.key.clone());
+            if records
+                .get(&key)
+                .is_some_and(|cur| !replaces(record.rank, cur.rank))
+            {
+                return Ok(false);
+            }
+            records.insert(key, record.clone());
+            Ok(true)
+        })
+    }
+
+    fn load_records<'a>(&'a self, node: &'a str) -> StateStoreFuture<'a, Vec<ShardingRecord>> {
+        Box::pin(async move {
+            Ok(self
+                .records
+                .lock()
+                .iter()
+                .filter(|((n, _), _)| n == node)
+                .map(|(_, r)| r.clone())
+                .collect())
+        })
+    }
+}
+
+/// A member `name` with a [`SlowEntityStore`] and the probe type with remember entities.
+async fn slow_storing_node(name: &str, seed: Option<&str>, reg: &Arc<Registry>) -> Node {
+    let mut config = config(name);
+    if let Some(seed) = seed {
+        config = config.seed_nodes([seed.to_string()]);
+    }
+    let (system, cluster) = up(name, config).await;
+    let sharding =
+        ClusterSharding::with_state_store(&cluster, Arc::new(SlowEntityStore::default()))
+            .await
+            .expect("the store loads");
+    let region = start_probe(&sharding, name, 12, reg, settings().remember_entities(true));
+    Node {
+        system,
+        cluster,
+        sharding,
+        region,
+    }
+}
+
+/// Entities started right up to a hand-off are remembered by the shard's next home: the
+/// old home reports the shard stopped only once a majority of replicas hold every id it
+/// delivered to. Here every replica takes 400 ms to store remembered ids while the hand-off
+/// itself is quick: the ids delivered while a write was being stored used to be written
+/// after the hand-off, too late for the new home's majority read, and those entities then
+/// stayed stopped (checked: this test fails without the wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entities_started_just_before_a_rebalance_follow_their_shard() {
+    let reg = Arc::new(Registry::default());
+    let mut nodes = vec![slow_storing_node("n0", None, &reg).await];
+    let seed = nodes[0].id().address.clone();
+    nodes.push(slow_storing_node("n1", Some(&seed), &reg).await);
+    all_up(&nodes).await;
+    registered(&nodes[0], 2).await;
+
+    // New entities all along, while n2 joins and shards move to it.
+    let sending = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sender = {
+        let (region, sending) = (nodes[0].region.clone(), sending.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while sending.load(std::sync::atomic::Ordering::Relaxed) {
+                region.tell(&format!("b{n}"), Msg::Add { sender: 0, seq: 0 });
+                n += 1;
+                // Paces the sender (a few hundred ids a second); nothing waits on it.
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            n
+        })
+    };
+    nodes.push(slow_storing_node("n2", Some(&seed), &reg).await);
+    all_up(&nodes).await;
+    poll("balanced", Duration::from_secs(30), || {
+        let counts: Vec<usize> = nodes.iter().map(|n| n.hosted().len()).collect();
+        counts[2] > 0
+            && counts.iter().all(|c| *c <= 4)
+            && nodes[0]
+                .sharding
+                .coordinator(TYPE)
+                .is_some_and(|c| c.handoffs == 0 && c.state.shards.len() == 12)
+    })
+    .await;
+    sending.store(false, std::sync::atomic::Ordering::Relaxed);
+    let sent = sender.await.expect("the sender ran");
+    let ids: Vec<String> = (0..sent).map(|i| format!("b{i}")).collect();
+
+    // Every entity runs where its shard is now: started there by a message, or moved there
+    // and restarted as a remembered entity.
+    poll(
+        "every entity at its shard's home",
+        Duration::from_secs(20),
+        || {
+            let home: HashMap<ShardId, String> = nodes
+                .iter()
+                .flat_map(|n| n.hosted().into_iter().map(|s| (s, n.name())))
+                .collect();
+            let homes = reg.homes.lock();
+            ids.iter().all(|id| {
+                homes.get(id).and_then(|h| h.last()) == home.get(&nodes[0].region.shard_of(id))
+            })
+        },
+    )
+    .await;
+    let moved = reg.homes.lock().values().filter(|h| h.len() > 1).count();
+    assert!(moved > 0, "some entities started before their shard moved");
     reg.assert_single_writer();
     stop_all(&nodes).await;
 }

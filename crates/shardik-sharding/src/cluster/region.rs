@@ -540,19 +540,31 @@ where
                         .as_ref()
                         .filter(|_| g.fenced.is_none())
                     {
-                        r.shard_started(shard);
+                        r.shard_started(shard, token);
                     }
                 }
                 RegionAction::StopShard(shard) => {
                     tracing::debug!(entity_type = %self.type_name, shard, "stopping shard");
-                    if let Some(r) = &self.placement.remember {
-                        r.shard_stopped(shard);
-                    }
+                    // The shard is reported stopped once its entities stopped and, with
+                    // remember entities, a majority of replicas hold its ids.
+                    let flushed = self
+                        .placement
+                        .remember
+                        .as_ref()
+                        .map(|r| (tokio::runtime::Handle::current(), r.shard_stopping(shard)));
                     let tx = self.events.clone();
                     self.local.stop_shard(
                         shard,
-                        Box::new(move || {
-                            let _ = tx.send(RegionEvent::ShardStopped(shard));
+                        Box::new(move || match flushed {
+                            None => {
+                                let _ = tx.send(RegionEvent::ShardStopped(shard));
+                            }
+                            Some((runtime, flushed)) => {
+                                runtime.spawn(async move {
+                                    flushed.await;
+                                    let _ = tx.send(RegionEvent::ShardStopped(shard));
+                                });
+                            }
                         }),
                     );
                 }
@@ -746,7 +758,7 @@ where
                 if let Some(r) = &self.placement.remember {
                     for shard in hosted {
                         if g.state.shard_view(shard) == ShardView::Local {
-                            r.shard_started(shard);
+                            r.shard_started(shard, g.state.fencing_token(shard));
                         }
                     }
                 }

@@ -34,6 +34,7 @@ use super::membership::{majority, quorum_members};
 use super::replica::ReplicaStore;
 use super::settings::{ClusterShardingSettings, RememberedStart};
 use super::wire::{EntitiesAck, EntityDelta, EntitySet, ReplicaReq, REPLICA_PATH};
+use crate::coordination::FencingToken;
 use crate::hash::ShardId;
 
 /// How often failed writes are retried and new quorum members are sent the sets.
@@ -74,6 +75,9 @@ struct ShardMem {
     gen: u64,
     /// The majority read is done: `stamp` continues the newest set.
     loaded: bool,
+    /// The shard is being handed off: its entities stop, no remembered one starts any more,
+    /// and the writes already due finish ([`Remember::shard_stopping`]).
+    stopping: bool,
     stamp: (u64, u64),
     ids: BTreeSet<String>,
     /// The ids of write numbers `log_start + 1 ..= stamp.1`, in order: what deltas carry.
@@ -102,6 +106,9 @@ pub(crate) struct Remember {
     set_gens: Mutex<HashMap<ShardId, u64>>,
     /// The resend task runs.
     ticking: AtomicBool,
+    /// Notified whenever a write is answered (or found unanswered): hand-offs waiting for
+    /// their shard's writes look again.
+    settled: tokio::sync::Notify,
     /// The quorum members other than this node, and when they were read from the cluster
     /// state (read again when older than [`PEERS_TTL`]: a pump per new id must not copy the
     /// cluster state).
@@ -131,6 +138,7 @@ impl Remember {
             next_gen: Mutex::new(0),
             set_gens: Mutex::new(HashMap::new()),
             ticking: AtomicBool::new(false),
+            settled: tokio::sync::Notify::new(),
             peers: Mutex::new((None, Arc::from(Vec::new()))),
         })
     }
@@ -161,9 +169,9 @@ impl Remember {
         self.pump(shard);
     }
 
-    /// The shard is hosted here from now on: read its remembered ids from a majority, start
-    /// those entities, and continue the set.
-    pub(crate) fn shard_started(self: &Arc<Self>, shard: ShardId) {
+    /// The shard is hosted here from now on, under the allocation `token` names: read its
+    /// remembered ids from a majority, start those entities, and continue the set.
+    pub(crate) fn shard_started(self: &Arc<Self>, shard: ShardId, token: Option<FencingToken>) {
         let gen = {
             let mut g = self.next_gen.lock();
             *g += 1;
@@ -174,6 +182,7 @@ impl Remember {
             ShardMem {
                 gen,
                 loaded: false,
+                stopping: false,
                 stamp: (0, 0),
                 ids: BTreeSet::new(),
                 log: Vec::new(),
@@ -185,15 +194,79 @@ impl Remember {
             tokio::spawn(resend(Arc::downgrade(self)));
         }
         let me = self.clone();
-        tokio::spawn(async move { me.load(shard, gen).await });
+        tokio::spawn(async move { me.load(shard, gen, token).await });
     }
 
     /// The shard is no longer hosted here (its entities stop): stop tracking it.
     pub(crate) fn shard_stopped(&self, shard: ShardId) {
         self.shards.lock().remove(&shard);
+        // A hand-off waiting for this shard's writes has nothing left to wait for.
+        self.settled.notify_waiters();
     }
 
-    async fn load(self: Arc<Self>, shard: ShardId, gen: u64) {
+    /// The shard is handed off: no remembered entity of it starts here any more, and the
+    /// returned future ends once a majority of the quorum's replicas hold every id this
+    /// hosting delivered to (or after the replication timeout), then stops tracking the
+    /// shard. The region reports the shard stopped only then, so the next home's majority
+    /// read finds those ids: a rebalance or a graceful leave forgets none of them while a
+    /// majority is reachable. (Without the wait, the ids delivered during the last round trip
+    /// before the hand-off could reach the replicas after the next home read them.)
+    pub(crate) fn shard_stopping(
+        self: &Arc<Self>,
+        shard: ShardId,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let gen = {
+            let mut shards = self.shards.lock();
+            shards.get_mut(&shard).map(|m| {
+                m.stopping = true;
+                m.gen
+            })
+        };
+        if gen.is_some() {
+            self.pump(shard);
+        }
+        let me = self.clone();
+        async move {
+            let Some(gen) = gen else { return };
+            let deadline = tokio::time::Instant::now() + me.timeout;
+            loop {
+                let settled = me.settled.notified();
+                tokio::pin!(settled);
+                settled.as_mut().enable();
+                if me.flushed(shard, gen) {
+                    break;
+                }
+                if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                    tracing::warn!(entity_type = %me.type_name, shard, "hand-off goes on before a majority of replicas acknowledged every remembered id");
+                    break;
+                }
+            }
+            let mut shards = me.shards.lock();
+            if shards.get(&shard).is_some_and(|m| m.gen == gen) {
+                shards.remove(&shard);
+            }
+        }
+    }
+
+    /// True if the hosting `gen` of `shard` has nothing left to write to a majority (or is
+    /// not tracked any more). A shard whose majority read never finished wrote nothing: the
+    /// ids it delivered meanwhile are not remembered (the read that would have continued the
+    /// set could not reach a majority either).
+    fn flushed(&self, shard: ShardId, gen: u64) -> bool {
+        let peers = self.peers();
+        let shards = self.shards.lock();
+        let Some(m) = shards.get(&shard).filter(|m| m.gen == gen && m.loaded) else {
+            return true;
+        };
+        let holding = m
+            .pipes
+            .iter()
+            .filter(|(t, p)| p.held == Some(m.stamp) && (**t == Target::Local || peers.contains(t)))
+            .count();
+        holding >= majority(peers.len() + 1)
+    }
+
+    async fn load(self: Arc<Self>, shard: ShardId, gen: u64, token: Option<FencingToken>) {
         let best = loop {
             if let Some(best) = self.read_majority(shard).await {
                 break best;
@@ -212,7 +285,7 @@ impl Remember {
             m.ids.extend(best.ids);
             let mut gens = self.set_gens.lock();
             let last = gens.entry(shard).or_default();
-            *last = best.stamp.0.max(*last) + 1;
+            *last = set_generation(best.stamp.0.max(*last), token);
             m.stamp = (*last, 0);
             m.loaded = true;
             to_start
@@ -235,7 +308,10 @@ impl Remember {
                 // entity is started either before the stop (which then stops it too) or not
                 // at all, and none once the shard has moved on.
                 let shards = self.shards.lock();
-                if shards.get(&shard).is_none_or(|m| m.gen != gen) {
+                if shards
+                    .get(&shard)
+                    .is_none_or(|m| m.gen != gen || m.stopping)
+                {
                     return;
                 }
                 (self.start)(shard, id);
@@ -244,7 +320,10 @@ impl Remember {
     }
 
     fn tracking(&self, shard: ShardId, gen: u64) -> bool {
-        self.shards.lock().get(&shard).is_some_and(|m| m.gen == gen)
+        self.shards
+            .lock()
+            .get(&shard)
+            .is_some_and(|m| m.gen == gen && !m.stopping)
     }
 
     /// The newest set of `shard` among a majority of the quorum's replicas, or `None` if a
@@ -505,6 +584,7 @@ impl Remember {
             m.log.drain(..(keep_from - m.log_start) as usize);
             m.log_start = keep_from;
         }
+        self.settled.notify_waiters();
         if ack.is_none() {
             metrics::counter!(
                 "shardik_sharding_remember_write_failures_total",
@@ -541,10 +621,54 @@ async fn resend(remember: Weak<Remember>) {
     }
 }
 
+/// The set generation of a new hosting of a shard: its allocation's fencing token, unless
+/// that is not above `floor` (the highest generation the majority read found or this node
+/// used for the shard; then one more than `floor`).
+///
+/// A generation must name one hosting: two hostings writing different sets under one stamp
+/// would each take the replica's `Held` for its own set, and a replica would keep the other
+/// hosting's ids for good. Counting up from what the majority read found is not enough on
+/// its own: that read races with the previous hosting's last writes (when a shard moves
+/// quickly again, or the previous owner's writes reached only a minority), so two nodes can
+/// count up to the same number. Fencing tokens are unique per allocation and grow with
+/// every allocation of the entity type, so a newer hosting always writes above an older one.
+/// The fallback covers a coordinator without tokens, a clock set back, and a shard hosted
+/// again under the same allocation (when a fence is lifted), where this node's own floor
+/// already holds the token.
+fn set_generation(floor: u64, token: Option<FencingToken>) -> u64 {
+    floor.saturating_add(1).max(token.unwrap_or(0))
+}
+
 fn newest(a: EntitySet, b: EntitySet) -> EntitySet {
     if b.stamp > a.stamp {
         b
     } else {
         a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_generation;
+
+    #[test]
+    fn a_hosting_writes_under_its_allocation_token() {
+        // Two nodes that found the same sets (or none) still write under different
+        // generations: their allocations' tokens.
+        assert_eq!(
+            set_generation(0, Some(1_700_000_000_000_001)),
+            1_700_000_000_000_001
+        );
+        assert_eq!(
+            set_generation(0, Some(1_700_000_000_000_002)),
+            1_700_000_000_000_002
+        );
+        // A token at or below what was found (or used here before) is not reused.
+        assert_eq!(set_generation(500, Some(500)), 501);
+        assert_eq!(set_generation(500, Some(20)), 501);
+        // No token (0 or none): one more than the floor.
+        assert_eq!(set_generation(7, Some(0)), 8);
+        assert_eq!(set_generation(7, None), 8);
+        assert_eq!(set_generation(u64::MAX, None), u64::MAX);
     }
 }
