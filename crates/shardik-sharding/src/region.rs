@@ -68,6 +68,11 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// entities on a new home). The caller hosts the shard.
     fn start_entity(&self, shard: ShardId, id: &str);
 
+    /// [`deliver`](RegionCore::deliver), also saying whether the message started a new
+    /// incarnation of the entity (it had none, or its last one was gone): what
+    /// remember-entities records, so that a message to a running entity costs nothing more.
+    fn deliver_new(&self, shard: ShardId, id: &str, msg: M) -> (bool, Result<(), TellError<M>>);
+
     /// Sets the fencing token entities of `shard` are started with from now on (the token of
     /// the shard's allocation here; `None`: the coordinator gave none).
     fn set_fencing_token(&self, shard: ShardId, token: Option<FencingToken>);
@@ -426,6 +431,45 @@ fn spawn_idle_sweeper<A: Actor>(region: &Arc<LocalRegion<A>>, timeout: Duration)
 }
 
 impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
+    fn deliver_new(
+        &self,
+        shard: ShardId,
+        id: &str,
+        msg: A::Msg,
+    ) -> (bool, Result<(), TellError<A::Msg>>) {
+        // Once the system shuts down no entity handles another message (each is being
+        // stopped) and none may start, so refuse at once: `tell` records the dead letter now,
+        // `try_tell` hands the message back, `ask` fails with `Stopped`. Without this check a
+        // message for an entity without a live incarnation spawned a new one during or after
+        // the shutdown (running its factory and `started` hook) only to have it stopped.
+        if self.system.is_shutting_down() {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return (false, Err(TellError::Stopped(msg)));
+        }
+        let mut victims = Vec::new();
+        // Set by the spawn, even if the new incarnation then refuses the message.
+        let mut spawned = false;
+        let delivery = {
+            let mut state = self.shards[shard as usize].lock();
+            let delivery = state.deliver(id, msg, self.now(), |key| {
+                spawned = true;
+                self.spawn_entity(shard, key)
+            });
+            self.track(id, &delivery, &mut victims);
+            delivery
+        };
+        if !victims.is_empty() {
+            self.passivate_victims(victims);
+        }
+        match delivery {
+            Delivery::Delivered | Delivery::Spawned | Delivery::Buffered => (spawned, Ok(())),
+            Delivery::Rejected(e) => {
+                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                (spawned, Err(e))
+            }
+        }
+    }
+
     fn set_fencing_token(&self, shard: ShardId, token: Option<FencingToken>) {
         if let Some(slot) = self.tokens.get(shard as usize) {
             slot.store(token.unwrap_or(0), Ordering::Release);
@@ -494,32 +538,7 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
 impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
     #[inline]
     fn deliver(&self, shard: ShardId, id: &str, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
-        // Once the system shuts down no entity handles another message (each is being
-        // stopped) and none may start, so refuse at once: `tell` records the dead letter now,
-        // `try_tell` hands the message back, `ask` fails with `Stopped`. Without this check a
-        // message for an entity without a live incarnation spawned a new one during or after
-        // the shutdown (running its factory and `started` hook) only to have it stopped.
-        if self.system.is_shutting_down() {
-            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            return Err(TellError::Stopped(msg));
-        }
-        let mut victims = Vec::new();
-        let delivery = {
-            let mut state = self.shards[shard as usize].lock();
-            let delivery = state.deliver(id, msg, self.now(), |key| self.spawn_entity(shard, key));
-            self.track(id, &delivery, &mut victims);
-            delivery
-        };
-        if !victims.is_empty() {
-            self.passivate_victims(victims);
-        }
-        match delivery {
-            Delivery::Delivered | Delivery::Spawned | Delivery::Buffered => Ok(()),
-            Delivery::Rejected(e) => {
-                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                Err(e)
-            }
-        }
+        self.deliver_new(shard, id, msg).1
     }
 
     fn shard_count(&self) -> u32 {
@@ -578,5 +597,37 @@ impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
 
     fn shard_entities(&self) -> Vec<usize> {
         self.shards.iter().map(|shard| shard.lock().len()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardik_actor::{ActorError, Context};
+
+    struct Nop;
+
+    impl Actor for Nop {
+        type Msg = u32;
+
+        async fn handle(&mut self, _m: u32, _c: &mut Context<Self>) -> Result<(), ActorError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn deliver_new_says_whether_the_message_started_an_incarnation() {
+        let system = ActorSystem::new("deliver-new");
+        let region = LocalRegion::start(&system, EntityType::new("nop", |_: &str| Nop));
+        let (a, b) = (region.shard_of("a"), region.shard_of("b"));
+        let (started, result) = region.deliver_new(a, "a", 1);
+        assert!(started && result.is_ok());
+        let (started, result) = region.deliver_new(a, "a", 2);
+        assert!(!started && result.is_ok(), "a running entity");
+        let (started, result) = region.deliver_new(b, "b", 3);
+        assert!(started && result.is_ok());
+        system.shutdown().await;
+        let (started, result) = region.deliver_new(a, "a", 4);
+        assert!(!started && result.is_err(), "nothing starts after shutdown");
     }
 }

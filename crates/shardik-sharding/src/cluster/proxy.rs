@@ -54,5 +54,8 @@ impl<M: Send + 'static> ShardHost<M> for NoHost<M> {
     }
     fn force_stop_shard(&self, _shard: ShardId, _unhandled: crate::region::Unhandled<M>) {}
     fn start_entity(&self, _shard: ShardId, _id: &str) {}
+    fn deliver_new(&self, shard: ShardId, id: &str, msg: M) -> (bool, Result<(), TellError<M>>) {
+        (false, self.deliver(shard, id, msg))
+    }
     fn set_fencing_token(&self, _shard: ShardId, _token: Option<crate::FencingToken>) {}
 }

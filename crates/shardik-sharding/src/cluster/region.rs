@@ -383,13 +383,19 @@ where
             .then_some(gate)
     }
 
-    /// What the state machine's `DeliverLocal` does once the message may run: counts it for
-    /// remember-entities and hands it to the local entity.
+    /// What the state machine's `DeliverLocal` does once the message may run: hands it to
+    /// the local entity and, with remember-entities, records the id if the message started
+    /// a new incarnation (a running entity's id is in the set already: it was recorded when
+    /// the entity started, or the entity was started from the set).
     fn deliver_here(&self, shard: ShardId, id: &str, msg: M) -> Result<(), TellError<M>> {
-        if let Some(r) = &self.placement.remember {
+        let Some(r) = &self.placement.remember else {
+            return self.local.deliver(shard, id, msg);
+        };
+        let (started, result) = self.local.deliver_new(shard, id, msg);
+        if started {
             r.delivered(shard, id);
         }
-        self.local.deliver(shard, id, msg)
+        result
     }
 
     /// Delivers `env` to the local entity if its shard is taken directly, or hands it back
