@@ -68,9 +68,10 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// entities on a new home). The caller hosts the shard.
     fn start_entity(&self, shard: ShardId, id: &str);
 
-    /// [`deliver`](RegionCore::deliver), also saying whether the message started a new
-    /// incarnation of the entity (it had none, or its last one was gone): what
-    /// remember-entities records, so that a message to a running entity costs nothing more.
+    /// [`deliver`](RegionCore::deliver), also saying whether the message starts a new
+    /// incarnation of the entity (it had none, or it waits for the stopping one to end):
+    /// what remember-entities records, so that a message to a running entity costs nothing
+    /// more.
     fn deliver_new(&self, shard: ShardId, id: &str, msg: M) -> (bool, Result<(), TellError<M>>);
 
     /// Sets the fencing token entities of `shard` are started with from now on (the token of
@@ -462,7 +463,9 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
             self.passivate_victims(victims);
         }
         match delivery {
-            Delivery::Delivered | Delivery::Spawned | Delivery::Buffered => (spawned, Ok(())),
+            // A buffered message starts the next incarnation once the current one stopped.
+            Delivery::Buffered => (true, Ok(())),
+            Delivery::Delivered | Delivery::Spawned => (spawned, Ok(())),
             Delivery::Rejected(e) => {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);
                 (spawned, Err(e))
