@@ -329,3 +329,30 @@ async fn remembered_entities_start_at_the_configured_rate() {
     reg.assert_single_writer();
     stop_all(&nodes).await;
 }
+
+/// `tell` works from a thread outside the runtime for a remembered type too: the new id is
+/// recorded and written to the replicas without a tokio context on the caller's thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_entity_started_from_a_plain_thread_is_remembered() {
+    let reg = Arc::new(Registry::default());
+    let nodes = remembering_cluster(2, 12, &reg).await;
+    let region = nodes[0].region.clone();
+    std::thread::spawn(move || {
+        for i in 0..20 {
+            region.tell(&format!("t{i}"), Msg::Add { sender: 0, seq: 0 });
+        }
+    })
+    .join()
+    .expect("telling from a plain thread does not panic");
+    poll(
+        "remembered on both replicas",
+        Duration::from_secs(20),
+        || {
+            nodes
+                .iter()
+                .all(|n| n.sharding.remembered_entity_count(TYPE) == 20)
+        },
+    )
+    .await;
+    stop_all(&nodes).await;
+}

@@ -557,7 +557,7 @@ where
                         .placement
                         .remember
                         .as_ref()
-                        .map(|r| (tokio::runtime::Handle::current(), r.shard_stopping(shard)));
+                        .map(|r| (self.system().runtime().clone(), r.shard_stopping(shard)));
                     let tx = self.events.clone();
                     self.local.stop_shard(
                         shard,
