@@ -386,6 +386,52 @@ impl<A: Actor> LocalRegion<A> {
     }
 }
 
+impl<A: Actor> LocalRegion<A> {
+    /// [`ShardHost::deliver_new`]; inlined into [`RegionCore::deliver`] too, where the flag
+    /// is dropped.
+    #[inline(always)]
+    fn deliver_tracked(
+        &self,
+        shard: ShardId,
+        id: &str,
+        msg: A::Msg,
+    ) -> (bool, Result<(), TellError<A::Msg>>) {
+        // Once the system shuts down no entity handles another message (each is being
+        // stopped) and none may start, so refuse at once: `tell` records the dead letter now,
+        // `try_tell` hands the message back, `ask` fails with `Stopped`. Without this check a
+        // message for an entity without a live incarnation spawned a new one during or after
+        // the shutdown (running its factory and `started` hook) only to have it stopped.
+        if self.system.is_shutting_down() {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return (false, Err(TellError::Stopped(msg)));
+        }
+        let mut victims = Vec::new();
+        // Set by the spawn, even if the new incarnation then refuses the message.
+        let mut spawned = false;
+        let delivery = {
+            let mut state = self.shards[shard as usize].lock();
+            let delivery = state.deliver(id, msg, self.now(), |key| {
+                spawned = true;
+                self.spawn_entity(shard, key)
+            });
+            self.track(id, &delivery, &mut victims);
+            delivery
+        };
+        if !victims.is_empty() {
+            self.passivate_victims(victims);
+        }
+        match delivery {
+            // A buffered message starts the next incarnation once the current one stopped.
+            Delivery::Buffered => (true, Ok(())),
+            Delivery::Delivered | Delivery::Spawned => (spawned, Ok(())),
+            Delivery::Rejected(e) => {
+                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                (spawned, Err(e))
+            }
+        }
+    }
+}
+
 fn spawn_idle_sweeper<A: Actor>(region: &Arc<LocalRegion<A>>, timeout: Duration) {
     // Deliveries stamp entities with the coarse clock, which only this sweeper advances, so a
     // stamp `s` means "touched before the clock moved past `s`". That can be much later than
@@ -438,39 +484,7 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
         id: &str,
         msg: A::Msg,
     ) -> (bool, Result<(), TellError<A::Msg>>) {
-        // Once the system shuts down no entity handles another message (each is being
-        // stopped) and none may start, so refuse at once: `tell` records the dead letter now,
-        // `try_tell` hands the message back, `ask` fails with `Stopped`. Without this check a
-        // message for an entity without a live incarnation spawned a new one during or after
-        // the shutdown (running its factory and `started` hook) only to have it stopped.
-        if self.system.is_shutting_down() {
-            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            return (false, Err(TellError::Stopped(msg)));
-        }
-        let mut victims = Vec::new();
-        // Set by the spawn, even if the new incarnation then refuses the message.
-        let mut spawned = false;
-        let delivery = {
-            let mut state = self.shards[shard as usize].lock();
-            let delivery = state.deliver(id, msg, self.now(), |key| {
-                spawned = true;
-                self.spawn_entity(shard, key)
-            });
-            self.track(id, &delivery, &mut victims);
-            delivery
-        };
-        if !victims.is_empty() {
-            self.passivate_victims(victims);
-        }
-        match delivery {
-            // A buffered message starts the next incarnation once the current one stopped.
-            Delivery::Buffered => (true, Ok(())),
-            Delivery::Delivered | Delivery::Spawned => (spawned, Ok(())),
-            Delivery::Rejected(e) => {
-                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                (spawned, Err(e))
-            }
-        }
+        self.deliver_tracked(shard, id, msg)
     }
 
     fn set_fencing_token(&self, shard: ShardId, token: Option<FencingToken>) {
@@ -541,7 +555,7 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
 impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
     #[inline]
     fn deliver(&self, shard: ShardId, id: &str, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
-        self.deliver_new(shard, id, msg).1
+        self.deliver_tracked(shard, id, msg).1
     }
 
     fn shard_count(&self) -> u32 {
