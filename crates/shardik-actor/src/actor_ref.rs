@@ -115,7 +115,10 @@ impl<M: Send + 'static> ActorRef<M> {
         match self.target.system().timeout(timeout, rx).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(_)) => Err(AskError::NoReply),
-            Err(_) => Err(AskError::Timeout(timeout)),
+            Err(_) => {
+                metrics::counter!("shardik_ask_timeouts_total", "via" => "actor_ref").increment(1);
+                Err(AskError::Timeout(timeout))
+            }
         }
     }
 

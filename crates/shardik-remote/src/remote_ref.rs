@@ -334,6 +334,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
             Ok(r) => r,
             Err(_) => {
                 self.node.replies.forget(&ids);
+                metrics::counter!("shardik_ask_timeouts_total", "via" => "remote_ref").increment(1);
                 Err(AskError::Timeout(timeout))
             }
         }

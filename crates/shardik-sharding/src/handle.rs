@@ -165,7 +165,10 @@ impl<M: Send + 'static> Region<M> {
         match answer {
             Some(Ok(value)) => Ok(value),
             Some(Err(_)) => Err(AskError::NoReply),
-            None => Err(AskError::Timeout(timeout)),
+            None => {
+                metrics::counter!("shardik_ask_timeouts_total", "via" => "region").increment(1);
+                Err(AskError::Timeout(timeout))
+            }
         }
     }
 }

@@ -61,6 +61,7 @@ mod error;
 mod extract;
 mod handle;
 mod hash;
+mod metrics;
 mod region;
 pub mod shard;
 mod sharding;

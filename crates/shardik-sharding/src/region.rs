@@ -141,6 +141,7 @@ pub(crate) struct LocalRegion<A: Actor> {
     /// Coarse milliseconds since start, advanced by the idle sweeper.
     clock: AtomicU64,
     counters: Counters,
+    metrics: crate::metrics::EntityMetrics,
 }
 
 impl<A: Actor> LocalRegion<A> {
@@ -166,6 +167,7 @@ impl<A: Actor> LocalRegion<A> {
                 }
             });
             LocalRegion {
+                metrics: crate::metrics::EntityMetrics::new(&name),
                 type_name: name.into(),
                 system: system.clone(),
                 shard_count: shards,
@@ -206,6 +208,7 @@ impl<A: Actor> LocalRegion<A> {
         let make = move || factory(&key, Some(token).filter(|t| *t != 0));
         let props = Props::with_settings(make, self.settings.clone()).name(id.clone());
         self.counters.spawned.fetch_add(1, Ordering::Relaxed);
+        self.metrics.started();
         EntityCell(self.system.spawn_props(props))
     }
 
@@ -253,6 +256,8 @@ impl<A: Actor> LocalRegion<A> {
     }
 
     fn on_terminated(&self, t: Termination<A::Msg>) {
+        // Every incarnation was spawned by `spawn_entity` and ends here once.
+        self.metrics.ended();
         let Some(id) = t.name else { return };
         let shard = self.shard_fn.shard(&id, self.shard_count);
         let ended = Ended {

@@ -325,7 +325,9 @@ impl Driver {
             }
         }
         if !events.is_empty() {
-            self.shared.publish(Some(self.snapshot()), events);
+            let state = self.snapshot();
+            super::metrics::record(self.cfg.node_id(), &state, &events);
+            self.shared.publish(Some(state), events);
         }
         if shut_down && self.stop.is_none() {
             self.stop = Some(match self.node.status() {
@@ -416,8 +418,9 @@ impl Driver {
         state.stopped = Some(reason);
         state.fenced = true;
         self.refs.clear();
-        self.shared
-            .publish(Some(state), vec![Event::Stopped(reason)]);
+        let events = vec![Event::Stopped(reason)];
+        super::metrics::record(self.cfg.node_id(), &state, &events);
+        self.shared.publish(Some(state), events);
         tracing::info!(node = %self.me, %reason, "cluster node stopped");
     }
 }

@@ -104,6 +104,7 @@ mod cluster;
 mod config;
 mod driver;
 mod inbox;
+mod metrics;
 mod receptionist;
 mod singleton;
 mod wire;

@@ -106,6 +106,7 @@ pub(crate) struct ClusterRegion<M> {
     leave_complete: watch::Sender<bool>,
     registration: watch::Sender<Registration>,
     placement: RegionRole,
+    metrics: crate::metrics::RegionMetrics,
 }
 
 /// The region's state, locked for a change that may move shards: holds `gate` for writing,
@@ -133,12 +134,13 @@ impl<M> Drop for Change<'_, M> {
     fn drop(&mut self) {
         let (region, g) = (self.region, &*self.inner);
         let open = g.fenced.is_none() && !region.stopped.load(Ordering::SeqCst);
+        let mut hosted = 0u32;
         for (shard, flag) in region.local_shards.iter().enumerate() {
-            flag.store(
-                open && g.state.is_local(shard as ShardId),
-                Ordering::Release,
-            );
+            let here = open && g.state.is_local(shard as ShardId);
+            hosted += u32::from(here);
+            flag.store(here, Ordering::Release);
         }
+        region.metrics.shards_hosted.set(hosted);
     }
 }
 
@@ -211,6 +213,7 @@ where
             leave_complete: watch::channel(false).0,
             registration: watch::channel(Registration::Pending).0,
             placement,
+            metrics: crate::metrics::RegionMetrics::new(type_name, &cluster.self_node().node_id),
         });
         let remote = cluster.remote();
         let r = region.clone();
@@ -551,6 +554,8 @@ where
                 }
                 RegionAction::StopShard(shard) => {
                     tracing::debug!(entity_type = %self.type_name, shard, "stopping shard");
+                    self.metrics.handoffs.increment(1);
+                    let (began, took) = (Instant::now(), self.metrics.handoff_seconds.clone());
                     // The shard is reported stopped once its entities stopped and, with
                     // remember entities, a majority of replicas hold its ids.
                     let flushed = self
@@ -563,11 +568,13 @@ where
                         shard,
                         Box::new(move || match flushed {
                             None => {
+                                took.record(began.elapsed());
                                 let _ = tx.send(RegionEvent::ShardStopped(shard));
                             }
                             Some((runtime, flushed)) => {
                                 runtime.spawn(async move {
                                     flushed.await;
+                                    took.record(began.elapsed());
                                     let _ = tx.send(RegionEvent::ShardStopped(shard));
                                 });
                             }

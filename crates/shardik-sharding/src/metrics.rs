@@ -1,0 +1,62 @@
+//! The sharding layer's metrics (through the `metrics` crate), as handles registered once per
+//! region: updating one is an atomic operation, with no key built per update. A handle is
+//! bound to the recorder installed when the region starts, so install the recorder (say, a
+//! Prometheus exporter) before starting entity types. The list, with what to alert on, is in
+//! `docs/observability.md`.
+
+use metrics::{Counter, Gauge, Histogram};
+
+/// A region's entity incarnations: `shardik_sharding_entities{entity_type}` (live now) and
+/// `shardik_sharding_entity_starts_total{entity_type}`. Regions of one type in one process
+/// add up in the same series.
+pub(crate) struct EntityMetrics {
+    live: Gauge,
+    starts: Counter,
+}
+
+impl EntityMetrics {
+    pub(crate) fn new(type_name: &str) -> Self {
+        EntityMetrics {
+            live: metrics::gauge!("shardik_sharding_entities", "entity_type" => type_name.to_string()),
+            starts: metrics::counter!(
+                "shardik_sharding_entity_starts_total",
+                "entity_type" => type_name.to_string()
+            ),
+        }
+    }
+
+    /// An incarnation was spawned.
+    pub(crate) fn started(&self) {
+        self.starts.increment(1);
+        self.live.increment(1.0);
+    }
+
+    /// An incarnation terminated.
+    pub(crate) fn ended(&self) {
+        self.live.decrement(1.0);
+    }
+}
+
+/// A cluster region's shards: `shardik_sharding_shards_hosted{entity_type, node}` and its
+/// hand-offs, `shardik_sharding_handoffs_total{entity_type, node}` and
+/// `shardik_sharding_handoff_seconds{entity_type, node}` (from the coordinator's order to stop a
+/// shard until its entities stopped and, with remember entities, its ids are replicated).
+pub(crate) struct RegionMetrics {
+    pub(crate) shards_hosted: Gauge,
+    pub(crate) handoffs: Counter,
+    pub(crate) handoff_seconds: Histogram,
+}
+
+impl RegionMetrics {
+    pub(crate) fn new(type_name: &str, node: &str) -> Self {
+        let labels = [
+            ("entity_type", type_name.to_string()),
+            ("node", node.to_string()),
+        ];
+        RegionMetrics {
+            shards_hosted: metrics::gauge!("shardik_sharding_shards_hosted", &labels),
+            handoffs: metrics::counter!("shardik_sharding_handoffs_total", &labels),
+            handoff_seconds: metrics::histogram!("shardik_sharding_handoff_seconds", &labels),
+        }
+    }
+}
