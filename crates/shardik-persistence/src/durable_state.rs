@@ -96,6 +96,11 @@ impl<B: DurableState> DurableStateEntity<B> {
     }
 
     async fn recover(&mut self) -> Result<(), PersistenceError> {
+        crate::metrics::timed_recovery(crate::metrics::Kind::DurableState, self.load()).await
+    }
+
+    /// Reads the stored state, if any.
+    async fn load(&mut self) -> Result<(), PersistenceError> {
         match self.persistence.states().get(&self.persistence_id).await? {
             Some(record) => {
                 self.state = record.payload.decode()?;

@@ -126,6 +126,11 @@ impl<B: EventSourced> EventSourcedEntity<B> {
     }
 
     async fn recover(&mut self) -> Result<(), PersistenceError> {
+        crate::metrics::timed_recovery(crate::metrics::Kind::EventSourced, self.replay()).await
+    }
+
+    /// Loads the latest snapshot and applies the events after it.
+    async fn replay(&mut self) -> Result<(), PersistenceError> {
         let pid = self.persistence_id.as_str();
         let mut state = B::State::default();
         let mut seq_nr = 0;
@@ -164,6 +169,7 @@ impl<B: EventSourced> EventSourcedEntity<B> {
             seq_nr,
             "event-sourced entity recovered"
         );
+        crate::metrics::replayed(seq_nr - snapshot_seq_nr);
         self.state = state;
         self.seq_nr = seq_nr;
         self.recovered = true;
@@ -196,6 +202,7 @@ impl<B: EventSourced> EventSourcedEntity<B> {
             }
             Err(e) => Err(e.into()),
         };
+        crate::metrics::snapshot(saved.is_ok());
         if let Err(e) = saved {
             // The events are stored; a missing snapshot only makes recovery longer.
             tracing::warn!(persistence_id = pid, error = %e, "snapshot failed");

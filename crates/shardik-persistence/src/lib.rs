@@ -106,6 +106,7 @@ mod error;
 mod event_sourced;
 mod faulty;
 mod memory;
+mod metrics;
 mod persistence;
 mod postgres;
 mod record;
