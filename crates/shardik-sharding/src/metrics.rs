@@ -60,3 +60,39 @@ impl RegionMetrics {
         }
     }
 }
+
+/// A node's coordinator of one entity type: `shardik_sharding_coordinator_active`,
+/// `shardik_sharding_shards_allocated` and `shardik_sharding_handoffs_in_progress` (each
+/// `{entity_type, node}`; the last two are 0 where the coordinator does not run, so summed
+/// over nodes they give the cluster's figures).
+pub(crate) struct CoordinatorMetrics {
+    active: Gauge,
+    allocated: Gauge,
+    handoffs: Gauge,
+}
+
+impl CoordinatorMetrics {
+    pub(crate) fn new(type_name: &str, node: &str) -> Self {
+        let labels = [
+            ("entity_type", type_name.to_string()),
+            ("node", node.to_string()),
+        ];
+        CoordinatorMetrics {
+            active: metrics::gauge!("shardik_sharding_coordinator_active", &labels),
+            allocated: metrics::gauge!("shardik_sharding_shards_allocated", &labels),
+            handoffs: metrics::gauge!("shardik_sharding_handoffs_in_progress", &labels),
+        }
+    }
+
+    /// This node's coordinator runs with `allocated` shards and `handoffs` hand-offs in
+    /// progress, or (`None`) does not run here.
+    pub(crate) fn set(&self, running: Option<(usize, usize)>) {
+        let (active, allocated, handoffs) = match running {
+            Some((allocated, handoffs)) => (1.0, allocated as f64, handoffs as f64),
+            None => (0.0, 0.0, 0.0),
+        };
+        self.active.set(active);
+        self.allocated.set(allocated);
+        self.handoffs.set(handoffs);
+    }
+}

@@ -200,6 +200,16 @@ async fn membership_shards_and_hand_offs_are_reported() {
     })
     .await;
 
+    // One coordinator, whose state has every used shard allocated (it records its gauges
+    // after acting on an event, so just after the regions heard of it: polled).
+    let coordinator =
+        |name: &str| value(&metrics.render(), name, &[("entity_type", TYPE)]).unwrap_or(0.0);
+    poll("the coordinator's gauges", Duration::from_secs(20), || {
+        coordinator("shardik_sharding_coordinator_active") == 1.0
+            && coordinator("shardik_sharding_shards_allocated") == used.len() as f64
+    })
+    .await;
+
     // A third node joins: the coordinator moves shards to it, each a hand-off.
     let seed = nodes[0].id().address.clone();
     nodes.push(start_node("n2", Some(&seed), SHARDS, &reg).await);

@@ -126,6 +126,7 @@ pub(crate) struct CoordinatorDriver {
     published: Option<(Epoch, Version, usize)>,
     /// When the type was started on this node (see [`SETTLE`]).
     started: Instant,
+    metrics: crate::metrics::CoordinatorMetrics,
 }
 
 /// A node that would be the coordinator while an older member (with the role) does not host
@@ -136,7 +137,10 @@ const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl CoordinatorDriver {
     pub(crate) fn new(ctx: Ctx, config: CoordinatorConfig) -> Self {
+        let metrics = crate::metrics::CoordinatorMetrics::new(&ctx.type_name, &ctx.me().node_id);
+        metrics.set(None);
         CoordinatorDriver {
+            metrics,
             ctx,
             config,
             active: None,
@@ -180,6 +184,7 @@ impl CoordinatorDriver {
             self.publish();
         }
         self.active = None;
+        self.metrics.set(None);
         *self.ctx.snapshot.lock() = None;
     }
 
@@ -208,6 +213,11 @@ impl CoordinatorDriver {
             return;
         }
         self.published = now;
+        self.metrics.set(
+            self.active
+                .as_ref()
+                .map(|a| (a.coord.state().shards.len(), a.coord.handoffs().count())),
+        );
         *self.ctx.snapshot.lock() = self.active.as_ref().map(|a| CoordinatorSnapshot {
             epoch: a.coord.epoch(),
             state: a.coord.state().clone(),
