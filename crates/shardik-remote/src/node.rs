@@ -91,6 +91,18 @@ impl Node {
         let _ = self.events.send(e);
     }
 
+    /// Moves `shardik_remote_connections{node, lane}` (connections installed now, one per
+    /// lane and peer) by `delta`: up as a connection is installed (with its `Connected`
+    /// event), down as an installed one ends (with its `ConnectionClosed`).
+    fn open_connections(&self, lane: Lane, delta: f64) {
+        metrics::gauge!(
+            "shardik_remote_connections",
+            "node" => self.local.me.node_id.clone(),
+            "lane" => lane.as_str()
+        )
+        .increment(delta);
+    }
+
     /// The peer at `addr`, created (with a dialer task per lane) on first use.
     pub(crate) fn peer(&self, addr: &str) -> Arc<Peer> {
         if let Some(p) = self.peers.lock().get(addr) {
@@ -161,6 +173,7 @@ impl Node {
                 new: remote.incarnation,
             });
         }
+        self.open_connections(lane, 1.0);
         self.event(RemoteEvent::Connected {
             addr: peer.addr.to_string(),
             node_id: remote.node_id.clone(),
@@ -842,6 +855,7 @@ async fn run_connection<R, W>(
     }
     cancel.cancel();
     if let Some(last) = peer.connection_ended(lane, id) {
+        node.open_connections(lane, -1.0);
         node.event(RemoteEvent::ConnectionClosed {
             addr: peer.addr.to_string(),
             lane,

@@ -172,6 +172,15 @@ async fn membership_shards_and_hand_offs_are_reported() {
             value(&text, "shardik_cluster_fenced", &[("node", node)]),
             Some(0.0)
         );
+        // Gossip and heartbeats flow over one control connection per pair.
+        assert_eq!(
+            value(
+                &text,
+                "shardik_remote_connections",
+                &[("node", node), ("lane", "control")]
+            ),
+            Some(1.0)
+        );
     }
     assert_eq!(
         value(&text, "shardik_cluster_is_leader", &[]),
