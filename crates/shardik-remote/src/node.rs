@@ -58,13 +58,13 @@ impl Node {
     pub(crate) fn new(system: ActorSystem, cfg: RemoteConfig, local: Local) -> Arc<Node> {
         Arc::new_cyclic(|me| Node {
             system,
+            counters: Counters::new(&local.me.node_id),
             addr: local.me.addr.as_str().into(),
             local,
             cfg,
             peers: Mutex::new(HashMap::new()),
             registry: Registry::default(),
             replies: Replies::new(),
-            counters: Counters::default(),
             events: broadcast::channel(1024).0,
             shutdown: CancellationToken::new(),
             closed: AtomicBool::new(false),
@@ -97,7 +97,7 @@ impl Node {
     fn open_connections(&self, lane: Lane, delta: f64) {
         metrics::gauge!(
             "shardik_remote_connections",
-            "node" => self.local.me.node_id.clone(),
+            "node" => self.counters.node().clone(),
             "lane" => lane.as_str()
         )
         .increment(delta);
@@ -552,8 +552,7 @@ impl Node {
                     c.heartbeats_acked.fetch_add(1, Ordering::Relaxed);
                     c.heartbeat_rtt_max_us.fetch_max(us, Ordering::Relaxed);
                     c.heartbeat_rtt_last_us.store(us, Ordering::Relaxed);
-                    metrics::histogram!("shardik_remote_heartbeat_rtt_seconds")
-                        .record(rtt.as_secs_f64());
+                    c.heartbeat_rtt(rtt);
                 }
             }
             Frame::Hello(_)

@@ -13,12 +13,17 @@ macro_rules! counters {
             $( $(#[$doc])* pub $name: u64, )*
         }
 
-        #[derive(Default)]
         pub(crate) struct Counters {
             $( pub(crate) $name: AtomicU64, )*
+            /// This node's id: the `node` label of the metrics.
+            node: std::sync::Arc<str>,
         }
 
         impl Counters {
+            pub(crate) fn new(node: &str) -> Self {
+                Counters { $( $name: AtomicU64::new(0), )* node: node.into() }
+            }
+
             pub(crate) fn snapshot(&self) -> RemoteStats {
                 RemoteStats { $( $name: self.$name.load(Ordering::Relaxed), )* }
             }
@@ -76,8 +81,19 @@ counters! {
 
 impl Counters {
     pub(crate) fn bump(&self, c: &AtomicU64, metric: &'static str) -> u64 {
-        metrics::counter!(metric).increment(1);
+        metrics::counter!(metric, "node" => self.node.clone()).increment(1);
         c.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Records a heartbeat round trip of a control connection.
+    pub(crate) fn heartbeat_rtt(&self, rtt: std::time::Duration) {
+        metrics::histogram!("shardik_remote_heartbeat_rtt_seconds", "node" => self.node.clone())
+            .record(rtt);
+    }
+
+    /// The node's id, for other metrics of the layer.
+    pub(crate) fn node(&self) -> &std::sync::Arc<str> {
+        &self.node
     }
 }
 

@@ -181,6 +181,12 @@ async fn membership_shards_and_hand_offs_are_reported() {
             ),
             Some(1.0)
         );
+        assert!(value(
+            &text,
+            "shardik_remote_connections_established_total",
+            &[("node", node)]
+        )
+        .is_some_and(|n| n >= 1.0));
     }
     assert_eq!(
         value(&text, "shardik_cluster_is_leader", &[]),
