@@ -61,6 +61,16 @@
 //!
 //! The guarantees (ordering, delivery, supervision, passivation, shutdown) are written down in
 //! `docs/semantics.md` of the repository; the design is in `ARCHITECTURE.md`.
+//!
+//! # Logs and metrics
+//!
+//! shardik logs with [`tracing`](https://docs.rs/tracing) and counts with the
+//! [`metrics`](https://docs.rs/metrics) facade: install a recorder (the Prometheus exporter,
+//! say) **before** starting the actor system, since regions register their metric handles when
+//! they start. Cluster membership by status, unreachable members, shards hosted, hand-offs and
+//! their duration, live entities, ask timeouts, dead letters, connections and persistence
+//! recoveries are among them; `docs/observability.md` of the repository lists every metric
+//! and what to alert on, and the `prometheus` example serves them on `/metrics`.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
