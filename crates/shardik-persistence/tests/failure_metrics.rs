@@ -6,30 +6,11 @@ mod common;
 
 use std::sync::Arc;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use metrics_util::{CompositeKey, MetricKind};
+use metrics_util::debugging::DebuggingRecorder;
 use shardik_actor::{ActorSystem, AskError};
 use shardik_persistence::{FaultyStore, InMemoryStore, Persistence};
 
-use common::{fenced_bank, AccountCmd, T};
-
-/// The counter's value for `reason` (0 if never incremented).
-fn failures(snapshot: &[(CompositeKey, DebugValue)], reason: &str) -> u64 {
-    snapshot
-        .iter()
-        .filter(|(k, _)| {
-            k.kind() == MetricKind::Counter
-                && k.key().name() == "shardik_persistence_persist_failures_total"
-                && k.key()
-                    .labels()
-                    .any(|l| l.key() == "reason" && l.value() == reason)
-        })
-        .map(|(_, v)| match v {
-            DebugValue::Counter(n) => *n,
-            other => panic!("not a counter: {other:?}"),
-        })
-        .sum()
-}
+use common::{counter_total, fenced_bank, take_metrics, AccountCmd, T};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persist_failures_are_counted_by_reason() {
@@ -59,11 +40,16 @@ async fn persist_failures_are_counted_by_reason() {
         new.ask(|r| AccountCmd::Deposit(1, r), T).await,
         Err(AskError::NoReply)
     );
-    let snapshot = snapshotter.snapshot().into_vec();
-    let pairs: Vec<(CompositeKey, DebugValue)> =
-        snapshot.into_iter().map(|(k, _, _, v)| (k, v)).collect();
-    assert_eq!(failures(&pairs, "fenced"), 2);
-    assert_eq!(failures(&pairs, "store"), 1);
-    assert_eq!(failures(&pairs, "conflict"), 0);
+    let metrics = take_metrics(&snapshotter);
+    let failures = |reason: &str| {
+        counter_total(
+            &metrics,
+            "shardik_persistence_persist_failures_total",
+            Some(("reason", reason)),
+        )
+    };
+    assert_eq!(failures("fenced"), 2);
+    assert_eq!(failures("store"), 1);
+    assert_eq!(failures("conflict"), 0);
     system.shutdown().await;
 }

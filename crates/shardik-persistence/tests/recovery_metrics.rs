@@ -6,47 +6,14 @@ mod common;
 
 use std::sync::Arc;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use metrics_util::{CompositeKey, MetricKind};
+use metrics_util::debugging::DebuggingRecorder;
 use shardik_actor::{ActorSystem, AskError};
 use shardik_persistence::{FaultyStore, InMemoryStore, PersistSettings};
 
-use common::{persistence, AccountCmd, Bank, Counter, CounterCmd, T};
-
-type Snapshot = Vec<(CompositeKey, DebugValue)>;
-
-fn labelled(k: &CompositeKey, name: &str, kind: Option<&str>) -> bool {
-    k.key().name() == name
-        && kind.is_none_or(|kind| {
-            k.key()
-                .labels()
-                .any(|l| l.key() == "kind" && l.value() == kind)
-        })
-}
-
-/// The counter's value (0 if never incremented).
-fn counter(snapshot: &Snapshot, name: &str, kind: Option<&str>) -> u64 {
-    snapshot
-        .iter()
-        .filter(|(k, _)| k.kind() == MetricKind::Counter && labelled(k, name, kind))
-        .map(|(_, v)| match v {
-            DebugValue::Counter(n) => *n,
-            other => panic!("not a counter: {other:?}"),
-        })
-        .sum()
-}
-
-/// How many samples the histogram holds.
-fn samples(snapshot: &Snapshot, name: &str, kind: &str) -> usize {
-    snapshot
-        .iter()
-        .filter(|(k, _)| k.kind() == MetricKind::Histogram && labelled(k, name, Some(kind)))
-        .map(|(_, v)| match v {
-            DebugValue::Histogram(values) => values.len(),
-            other => panic!("not a histogram: {other:?}"),
-        })
-        .sum()
-}
+use common::{
+    counter_total, histogram_samples, persistence, take_metrics, AccountCmd, Bank, Counter,
+    CounterCmd, T,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recoveries_replays_and_snapshots_are_measured() {
@@ -98,25 +65,26 @@ async fn recoveries_replays_and_snapshots_are_measured() {
     ));
     broken.terminated().await;
 
-    let snapshot: Snapshot = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(k, _, _, v)| (k, v))
-        .collect();
+    let snapshot = take_metrics(&snapshotter);
     let seconds = "shardik_persistence_recovery_seconds";
-    assert_eq!(samples(&snapshot, seconds, "event_sourced"), 2);
-    assert_eq!(samples(&snapshot, seconds, "durable_state"), 2);
     assert_eq!(
-        counter(&snapshot, "shardik_persistence_events_replayed_total", None),
+        histogram_samples(&snapshot, seconds, Some(("kind", "event_sourced"))),
         2
     );
     assert_eq!(
-        counter(&snapshot, "shardik_persistence_snapshots_saved_total", None),
+        histogram_samples(&snapshot, seconds, Some(("kind", "durable_state"))),
+        2
+    );
+    assert_eq!(
+        counter_total(&snapshot, "shardik_persistence_events_replayed_total", None),
+        2
+    );
+    assert_eq!(
+        counter_total(&snapshot, "shardik_persistence_snapshots_saved_total", None),
         1
     );
     assert_eq!(
-        counter(
+        counter_total(
             &snapshot,
             "shardik_persistence_snapshot_failures_total",
             None
@@ -124,10 +92,10 @@ async fn recoveries_replays_and_snapshots_are_measured() {
         0
     );
     assert!(
-        counter(
+        counter_total(
             &snapshot,
             "shardik_persistence_recovery_failures_total",
-            Some("event_sourced")
+            Some(("kind", "event_sourced"))
         ) >= 1
     );
     system.shutdown().await;

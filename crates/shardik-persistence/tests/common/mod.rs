@@ -162,3 +162,57 @@ pub fn pg_env(var: &str, what: &str) -> Option<String> {
     }
     None
 }
+
+/// What a `metrics_util` debugging recorder held when its snapshot was taken.
+pub type Metrics = Vec<(
+    metrics_util::CompositeKey,
+    metrics_util::debugging::DebugValue,
+)>;
+
+/// Takes a snapshot of `snapshotter`'s recorder (which resets its counters).
+pub fn take_metrics(snapshotter: &metrics_util::debugging::Snapshotter) -> Metrics {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, _, _, v)| (k, v))
+        .collect()
+}
+
+/// True if `key` is metric `name` of `kind` with label `label` (any labels if `None`).
+fn metric_matches(
+    key: &metrics_util::CompositeKey,
+    kind: metrics_util::MetricKind,
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> bool {
+    key.kind() == kind
+        && key.key().name() == name
+        && label.is_none_or(|(k, v)| key.key().labels().any(|l| l.key() == k && l.value() == v))
+}
+
+/// The sum of counter `name` over its series with `label` (0 if never incremented).
+pub fn counter_total(metrics: &Metrics, name: &str, label: Option<(&str, &str)>) -> u64 {
+    use metrics_util::debugging::DebugValue;
+    metrics
+        .iter()
+        .filter(|(k, _)| metric_matches(k, metrics_util::MetricKind::Counter, name, label))
+        .map(|(_, v)| match v {
+            DebugValue::Counter(n) => *n,
+            other => panic!("{name} is not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+/// How many samples histogram `name` holds over its series with `label`.
+pub fn histogram_samples(metrics: &Metrics, name: &str, label: Option<(&str, &str)>) -> usize {
+    use metrics_util::debugging::DebugValue;
+    metrics
+        .iter()
+        .filter(|(k, _)| metric_matches(k, metrics_util::MetricKind::Histogram, name, label))
+        .map(|(_, v)| match v {
+            DebugValue::Histogram(values) => values.len(),
+            other => panic!("{name} is not a histogram: {other:?}"),
+        })
+        .sum()
+}
