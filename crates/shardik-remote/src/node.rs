@@ -116,9 +116,13 @@ impl Node {
         let peer = Peer::new(&node, addr.into());
         peers.insert(peer.addr.clone(), peer.clone());
         drop(peers);
+        // On the actor system's runtime: the first message to a peer may be sent from a
+        // thread outside any runtime.
         for lane in Lane::ALL {
-            self.tasks
-                .spawn(dial_loop(node.clone(), peer.clone(), lane));
+            self.tasks.spawn_on(
+                dial_loop(node.clone(), peer.clone(), lane),
+                self.system.runtime(),
+            );
         }
         peer
     }

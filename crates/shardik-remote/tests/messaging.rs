@@ -265,3 +265,22 @@ async fn lookup_of_the_own_address_delivers_locally_through_the_same_encoding() 
     ));
     assert!(a.connection(a.addr()).is_none(), "no connection to itself");
 }
+
+/// The first message to a peer, sent from a thread outside any runtime: the connection tasks
+/// it starts run on the actor system's runtime, and the message arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_tell_from_a_plain_thread_reaches_the_peer() {
+    let (sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    let mut seen_b = echo(&sys_b, &b);
+    let (a2, addr) = (a.clone(), b.addr().to_string());
+    std::thread::spawn(move || {
+        let to_b = a2.lookup::<Echo>("/user/echo", &addr);
+        to_b.tell(Echo::Record { from: 7, n: 1 });
+    })
+    .join()
+    .expect("telling from a plain thread does not panic");
+    assert_eq!(next(&mut seen_b).await, (7, 1));
+    sys_a.shutdown().await;
+    sys_b.shutdown().await;
+}

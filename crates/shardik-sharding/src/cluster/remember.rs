@@ -89,6 +89,9 @@ struct ShardMem {
 pub(crate) struct Remember {
     pub(crate) type_name: String,
     pub(crate) cluster: Cluster,
+    /// The actor system's runtime: writes and loads are spawned there, since an entity may be
+    /// told (and so remembered) from a thread outside any runtime.
+    runtime: tokio::runtime::Handle,
     pub(crate) replicas: Arc<ReplicaStore>,
     pub(crate) role: Option<String>,
     pub(crate) timeout: Duration,
@@ -128,6 +131,7 @@ impl Remember {
         Arc::new(Remember {
             type_name: type_name.to_string(),
             cluster: cluster.clone(),
+            runtime: cluster.remote().system().runtime().clone(),
             replicas,
             role: settings.role.clone(),
             timeout: settings.replication_timeout,
@@ -191,10 +195,11 @@ impl Remember {
             },
         );
         if !self.ticking.swap(true, Ordering::AcqRel) {
-            tokio::spawn(resend(Arc::downgrade(self)));
+            self.runtime.spawn(resend(Arc::downgrade(self)));
         }
         let me = self.clone();
-        tokio::spawn(async move { me.load(shard, gen, token).await });
+        self.runtime
+            .spawn(async move { me.load(shard, gen, token).await });
     }
 
     /// The shard is no longer hosted here (its entities stop): stop tracking it.
@@ -436,7 +441,7 @@ impl Remember {
                     Offer::Ready(ack) => again = self.settle(shard, gen, &target, sent, Some(ack)),
                     Offer::Pending { answer, .. } => {
                         let me = self.clone();
-                        tokio::spawn(async move {
+                        self.runtime.spawn(async move {
                             let ack = answer.await.ok();
                             if me.settle(shard, gen, &target, sent, ack) {
                                 me.pump(shard);
@@ -461,7 +466,7 @@ impl Remember {
             .increment(1);
             let node = node.clone();
             let me = self.clone();
-            tokio::spawn(async move {
+            self.runtime.spawn(async move {
                 let ack = me.send(&node, shard, write).await;
                 if me.settle(shard, gen, &target, sent, ack) {
                     me.pump(shard);

@@ -26,6 +26,10 @@ use crate::hash::ShardId;
 struct Durable {
     store: Arc<dyn ShardingStateStore>,
     node: String,
+    /// The runtime the replica was loaded on: saves are spawned there, since a remembered
+    /// entity's write may be offered from a thread outside any runtime (an entity told from
+    /// a plain thread).
+    runtime: tokio::runtime::Handle,
 }
 
 /// The coordinator states this node holds, by entity type name, and the remembered entity
@@ -52,6 +56,7 @@ impl ReplicaStore {
             durable: Some(Durable {
                 store,
                 node: node.to_string(),
+                runtime: tokio::runtime::Handle::current(),
             }),
             entities: Mutex::new(EntitySets::new(true)),
             ..ReplicaStore::default()
@@ -169,8 +174,13 @@ impl ReplicaStore {
             start_saving: true, ..
         } = &offer
         {
-            let me = self.clone();
-            tokio::spawn(async move { me.save_entities(key).await });
+            // Only a durable replica answers later (`Pending`).
+            if let Some(durable) = &self.durable {
+                let me = self.clone();
+                durable
+                    .runtime
+                    .spawn(async move { me.save_entities(key).await });
+            }
         }
         offer
     }
