@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -18,7 +17,8 @@ const NAME: &str = "shardik-node";
 struct Ca {
     cert: Certificate,
     key: KeyPair,
-    dir: PathBuf,
+    /// Holds the PEM files; removed when the test ends.
+    dir: tempfile::TempDir,
 }
 
 fn ca(label: &str) -> Ca {
@@ -27,16 +27,11 @@ fn ca(label: &str) -> Ca {
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.distinguished_name.push(DnType::CommonName, label);
     let cert = p.self_signed(&key).unwrap();
-    let dir = std::env::temp_dir().join(format!(
-        "shardik-remote-tls-{}-{label}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("ca.pem"), cert.pem()).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("shardik-remote-tls-{label}-"))
+        .tempdir()
+        .unwrap();
+    std::fs::write(dir.path().join("ca.pem"), cert.pem()).unwrap();
     Ca { cert, key, dir }
 }
 
@@ -50,11 +45,11 @@ fn tls_for(node: &str, signer: &Ca, trust: &Ca) -> TlsConfig {
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
     let cert = p.signed_by(&key, &signer.cert, &signer.key).unwrap();
-    let cert_path = signer.dir.join(format!("{node}.pem"));
-    let key_path = signer.dir.join(format!("{node}.key"));
+    let cert_path = signer.dir.path().join(format!("{node}.pem"));
+    let key_path = signer.dir.path().join(format!("{node}.key"));
     std::fs::write(&cert_path, cert.pem()).unwrap();
     std::fs::write(&key_path, key.serialize_pem()).unwrap();
-    TlsConfig::from_pem_files(&cert_path, &key_path, trust.dir.join("ca.pem"), NAME).unwrap()
+    TlsConfig::from_pem_files(&cert_path, &key_path, trust.dir.path().join("ca.pem"), NAME).unwrap()
 }
 
 fn tls_config(node: &str, signer: &Ca, trust: &Ca) -> RemoteConfig {
