@@ -6,19 +6,14 @@ mod common;
 
 use std::sync::Arc;
 
-use metrics_util::debugging::DebuggingRecorder;
 use shardik_actor::{ActorSystem, AskError};
 use shardik_persistence::{FaultyStore, InMemoryStore, Persistence};
 
-use common::{counter_total, fenced_bank, take_metrics, AccountCmd, T};
+use common::{counter_total, fenced_bank, install_recorder, take_metrics, AccountCmd, T};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persist_failures_are_counted_by_reason() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this process");
+    let snapshotter = install_recorder();
     let store = Arc::new(FaultyStore::new(Arc::new(InMemoryStore::new())));
     let system = ActorSystem::new("metrics");
     let persistence = Persistence::new(store.clone());

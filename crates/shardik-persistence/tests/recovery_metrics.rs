@@ -6,22 +6,17 @@ mod common;
 
 use std::sync::Arc;
 
-use metrics_util::debugging::DebuggingRecorder;
 use shardik_actor::{ActorSystem, AskError};
 use shardik_persistence::{FaultyStore, InMemoryStore, PersistSettings};
 
 use common::{
-    counter_total, histogram_samples, persistence, take_metrics, AccountCmd, Bank, Counter,
-    CounterCmd, T,
+    counter_total, histogram_samples, install_recorder, persistence, take_metrics, AccountCmd,
+    Bank, Counter, CounterCmd, T,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recoveries_replays_and_snapshots_are_measured() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this process");
+    let snapshotter = install_recorder();
     let store = Arc::new(FaultyStore::new(Arc::new(InMemoryStore::new())));
     let persistence = persistence(store.clone());
     let system = ActorSystem::new("recovery-metrics");

@@ -169,6 +169,17 @@ pub type Metrics = Vec<(
     metrics_util::debugging::DebugValue,
 )>;
 
+/// Installs a debugging recorder as this test binary's metrics recorder (a process has one;
+/// each metrics test is a binary of its own) and returns the handle that reads it.
+pub fn install_recorder() -> metrics_util::debugging::Snapshotter {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this process");
+    snapshotter
+}
+
 /// Takes a snapshot of `snapshotter`'s recorder (which resets its counters).
 pub fn take_metrics(snapshotter: &metrics_util::debugging::Snapshotter) -> Metrics {
     snapshotter
