@@ -31,10 +31,13 @@ pub struct RemoteConfig {
     /// Address to listen on; port 0 asks the OS for a free port (see [`crate::Remote::addr`]).
     pub bind: String,
     /// Address other nodes reach this one at; defaults to the bound address. Needed when
-    /// binding to `0.0.0.0` or behind NAT.
+    /// binding to `0.0.0.0` or behind NAT: [`Remote::start`](crate::Remote::start) refuses to
+    /// advertise an unspecified address (`0.0.0.0`, `[::]`) or port 0, which would make every
+    /// such node claim the same unreachable address.
     pub advertise: Option<String>,
     /// Shared secret for the handshake's challenge-response. `None` authenticates nothing:
-    /// anyone who can reach the port can send messages to registered actors.
+    /// anyone who can reach the port can send messages to registered actors. An empty
+    /// secret is refused at start (it would authenticate nothing either, silently).
     pub secret: Option<Arc<[u8]>>,
     /// Largest frame body accepted or sent, in bytes (default 4 MiB). A larger incoming
     /// length prefix closes the connection; a larger outgoing message is refused at the sender.
@@ -59,7 +62,8 @@ pub struct RemoteConfig {
     /// (default 10 s).
     pub idle_timeout: Duration,
     /// A reply slot exported in a message (a `ReplyTo`) is forgotten after this long without
-    /// an answer (default 10 min); asks forget theirs at their own timeout.
+    /// an answer (default 10 min, at least 1 s); asks forget theirs at their own timeout,
+    /// however long that is.
     pub max_reply_wait: Duration,
     /// Kernel send and receive buffer size for every connection, in bytes (default `None`:
     /// the OS autotunes them). Smaller buffers bound how many user bytes can sit in the
@@ -196,6 +200,20 @@ impl RemoteConfig {
         }
         if self.heartbeat_interval.is_zero() || self.idle_timeout <= self.heartbeat_interval {
             return Err("idle_timeout must exceed a positive heartbeat_interval".into());
+        }
+        if self.secret.as_ref().is_some_and(|s| s.is_empty()) {
+            // An empty key proves nothing: it would admit nodes that have no secret at all.
+            return Err(
+                "the shared secret must not be empty (use at least 32 random bytes; \
+                        leave it unset to run without authentication)"
+                    .into(),
+            );
+        }
+        if self.handshake_timeout.is_zero() {
+            return Err("handshake_timeout must be positive".into());
+        }
+        if self.max_reply_wait < Duration::from_secs(1) {
+            return Err("max_reply_wait must be at least 1 s".into());
         }
         Ok(())
     }

@@ -267,6 +267,9 @@ where
         );
         return Err(refuse(w, local, RejectReason::Authentication, detail).await);
     }
+    if let Some(detail) = claims_my_address(local, &ch.from) {
+        return Err(refuse(w, local, RejectReason::Protocol, detail).await);
+    }
     let my_proof = proof(&local.secret, false, transcript);
     send(
         w,
@@ -368,12 +371,28 @@ where
         );
         return Err(refuse(w, local, RejectReason::Authentication, detail).await);
     }
+    if let Some(detail) = claims_my_address(local, &hello.from) {
+        return Err(refuse(w, local, RejectReason::Protocol, detail).await);
+    }
     if let Err(reason) = admit(&hello.from, hello.lane) {
         let detail = format!("not admitting {} ({})", hello.from.node_id, hello.from.addr);
         return Err(refuse(w, local, reason, detail).await);
     }
     send(w, &Frame::Accept(Accept {}), local.max_frame_len).await?;
     Ok((hello.from, hello.lane))
+}
+
+/// Why `peer` is refused if it is another node that advertises this node's own address.
+/// Messages for it would be handled here as if they were for this node (its answers never
+/// leave), and a third node could not tell the two apart: a misconfigured `advertise`.
+fn claims_my_address(local: &Local, peer: &NodeIdentity) -> Option<String> {
+    (peer.addr == local.me.addr && *peer != local.me).then(|| {
+        format!(
+            "{} advertises {}, which is this node's ({}) own address: give every node its \
+             own `advertise` address",
+            peer.node_id, peer.addr, local.me.node_id
+        )
+    })
 }
 
 fn kind_name(f: &Frame) -> &'static str {
@@ -434,6 +453,31 @@ mod tests {
         assert_eq!(c.reason(), Some(RejectReason::PayloadFormat));
         assert!(c.to_string().contains("\"json\""), "{c}");
         assert_eq!(a.unwrap_err().reason(), Some(RejectReason::PayloadFormat));
+    }
+
+    /// A node that advertises the other's address is refused whichever side dials; a node
+    /// that reaches itself (same identity) is not.
+    #[tokio::test]
+    async fn a_peer_claiming_my_address_is_refused_by_either_side() {
+        let mut impostor = Local::for_test("c", "k", b"s");
+        impostor.me.addr = "a:1".into();
+        // The impostor dials: the acceptor refuses its hello.
+        let (c, a) = run(impostor.clone(), Local::for_test("a", "k", b"s")).await;
+        let a = a.unwrap_err();
+        assert_eq!(a.reason(), Some(RejectReason::Protocol));
+        assert!(a.to_string().contains("own address"), "{a}");
+        assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Protocol));
+        // The impostor accepts: the connector refuses its challenge.
+        let (a, c) = run(Local::for_test("a", "k", b"s"), impostor).await;
+        let a = a.unwrap_err();
+        assert_eq!(a.reason(), Some(RejectReason::Protocol));
+        assert!(a.to_string().contains("own address"), "{a}");
+        assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Protocol));
+        // The same node on both ends is itself, not an impostor.
+        let me = Local::for_test("a", "k", b"s");
+        let (c, a) = run(me.clone(), me).await;
+        assert_eq!(c.unwrap().node_id, "a");
+        assert!(a.is_ok());
     }
 
     #[tokio::test]

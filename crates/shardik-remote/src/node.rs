@@ -307,6 +307,7 @@ impl Node {
         let remote = match handshake::connect(&mut reader, &mut w, &self.local, lane).await {
             Ok(remote) => remote,
             Err(e) => {
+                let e = tls_alert(e);
                 self.handshake_failed(&peer.addr, &e);
                 return Err(e.into());
             }
@@ -708,6 +709,22 @@ pub(crate) async fn reply_sweeper(
             tracing::debug!(forgotten = n, "reply slots expired without an answer");
         }
     }
+}
+
+/// The TLS failure inside `e`, if that is what it is. With TLS 1.3 the dialer's TLS
+/// handshake is over before the acceptor has checked the dialer's certificate, so an
+/// acceptor that refuses the certificate is heard of only in the first read of the protocol
+/// handshake, as an I/O error carrying the TLS alert: reported as the TLS failure it is.
+fn tls_alert(e: HandshakeError) -> HandshakeError {
+    if let HandshakeError::Frame(crate::error::FrameError::Io(io)) = &e {
+        if let Some(tls) = io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<tokio_rustls::rustls::Error>())
+        {
+            return HandshakeError::Tls(format!("the peer ended the TLS session: {tls}"));
+        }
+    }
+    e
 }
 
 /// An established connection: which peer and lane, its id there, who is on the other end,

@@ -55,6 +55,15 @@ impl Remote {
             .advertise
             .clone()
             .unwrap_or_else(|| bound.to_string());
+        if let Ok(sa) = addr.parse::<std::net::SocketAddr>() {
+            if sa.ip().is_unspecified() || sa.port() == 0 {
+                return Err(RemoteError::Config(format!(
+                    "this node would advertise {addr}, which other nodes cannot connect to: \
+                     set `advertise` to an address they reach it at (binding to {} is fine)",
+                    config.bind
+                )));
+            }
+        }
         let incarnation = loop {
             let n =
                 getrandom::u64().map_err(|e| RemoteError::Config(format!("no randomness: {e}")))?;

@@ -307,9 +307,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
         // The failure callback is in place before the request is queued: a request to this
         // node itself is handled, and may fail, before `send` returns.
         let sent = self.send(&msg, false, |ids| {
-            if let Some(&first) = ids.first() {
-                self.node.replies.on_fail(first, fail_tx);
-            }
+            self.node.replies.owned_by_ask(ids, timeout, fail_tx);
         });
         drop(msg);
         let ids = match sent {

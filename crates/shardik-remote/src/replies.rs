@@ -19,6 +19,10 @@ struct Pending {
     deliver: ReplyDeliver,
     peer: Arc<str>,
     created: Instant,
+    /// Kept until then by the sweep instead of `max_reply_wait` after `created`: the slot
+    /// belongs to an ask, which forgets it at its own timeout (this is the backstop if the
+    /// ask's future is dropped before).
+    keep_until: Option<Instant>,
     on_fail: Option<oneshot::Sender<(ReplyFailure, String)>>,
 }
 
@@ -92,6 +96,11 @@ pub(crate) fn dispatching<E>(f: impl FnOnce() -> Result<(), E>) -> Result<(), E>
     out
 }
 
+/// An instant no ask timeout reaches (for timeouts such as `Duration::MAX`).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+}
+
 impl Replies {
     pub(crate) fn new() -> Self {
         let start = getrandom::u64().unwrap_or(1) >> 2;
@@ -109,6 +118,7 @@ impl Replies {
                 deliver,
                 peer,
                 created: Instant::now(),
+                keep_until: None,
                 on_fail: None,
             },
         );
@@ -120,9 +130,25 @@ impl Replies {
         id
     }
 
-    /// Registers a waiter told when slot `id` fails (it must have been exported).
-    pub(crate) fn on_fail(&self, id: u64, tx: oneshot::Sender<(ReplyFailure, String)>) {
-        if let Some(p) = self.pending.lock().get_mut(&id) {
+    /// Hands the slots `ids` (just exported) to an ask that waits up to `timeout`: the sweep
+    /// keeps them that long (plus a second) even past `max_reply_wait`, and the first one's
+    /// failure is told to `tx`.
+    pub(crate) fn owned_by_ask(
+        &self,
+        ids: &[u64],
+        timeout: Duration,
+        tx: oneshot::Sender<(ReplyFailure, String)>,
+    ) {
+        let until = Instant::now()
+            .checked_add(timeout.saturating_add(Duration::from_secs(1)))
+            .unwrap_or_else(far_future);
+        let mut map = self.pending.lock();
+        for id in ids {
+            if let Some(p) = map.get_mut(id) {
+                p.keep_until = Some(until);
+            }
+        }
+        if let Some(p) = ids.first().and_then(|id| map.get_mut(id)) {
             p.on_fail = Some(tx);
         }
     }
@@ -171,12 +197,19 @@ impl Replies {
         self.fail(&ids, ReplyFailure::Undeliverable, reason);
     }
 
-    /// Forgets slots older than `max_age`. Returns how many.
+    /// Forgets slots older than `max_age`, and those of asks past their timeout. Returns
+    /// how many.
     pub(crate) fn sweep(&self, max_age: Duration) -> usize {
-        let now = Instant::now();
+        self.sweep_at(Instant::now(), max_age)
+    }
+
+    fn sweep_at(&self, now: Instant, max_age: Duration) -> usize {
         let mut map = self.pending.lock();
         let before = map.len();
-        map.retain(|_, p| now.duration_since(p.created) < max_age);
+        map.retain(|_, p| match p.keep_until {
+            Some(until) => now < until,
+            None => now.saturating_duration_since(p.created) < max_age,
+        });
         before - map.len()
     }
 
@@ -325,7 +358,7 @@ mod tests {
             "p".into(),
         );
         let (ftx, mut frx) = oneshot::channel();
-        r.on_fail(id, ftx);
+        r.owned_by_ask(&[id], Duration::from_secs(5), ftx);
         r.fail(&[id], ReplyFailure::UnknownRecipient, "nobody");
         assert_eq!(frx.try_recv().unwrap().0, ReplyFailure::UnknownRecipient);
         assert!(rx.try_recv().is_err());
@@ -340,5 +373,40 @@ mod tests {
         assert_eq!(r.len(), 0);
         r.export(Box::new(|_| Ok(())), "p".into());
         assert_eq!(r.sweep(Duration::ZERO), 1);
+    }
+
+    /// The sweep forgets hand-made slots after `max_reply_wait`, but an ask's slots only
+    /// after the ask's own timeout, however much longer that is.
+    #[test]
+    fn the_sweep_keeps_an_asks_slots_until_its_timeout() {
+        let r = Replies::new();
+        let max_wait = Duration::from_secs(600);
+        let ((a, b), ids) = capture(|| {
+            (
+                r.export(Box::new(|_| Ok(())), "p".into()),
+                r.export(Box::new(|_| Ok(())), "p".into()),
+            )
+        });
+        let (ftx, _frx) = oneshot::channel();
+        assert_eq!(ids, vec![a, b]);
+        r.owned_by_ask(&ids, Duration::from_secs(3600), ftx);
+        let plain = r.export(Box::new(|_| Ok(())), "p".into());
+        let now = Instant::now();
+        assert_eq!(r.sweep_at(now + Duration::from_secs(601), max_wait), 1);
+        assert!(
+            !r.pending.lock().contains_key(&plain),
+            "the hand-made slot went"
+        );
+        assert_eq!(r.len(), 2, "the ask's slots stay past max_reply_wait");
+        assert_eq!(r.sweep_at(now + Duration::from_secs(3599), max_wait), 0);
+        assert_eq!(r.sweep_at(now + Duration::from_secs(3602), max_wait), 2);
+        // A timeout no clock reaches does not overflow.
+        let id = r.export(Box::new(|_| Ok(())), "p".into());
+        let (ftx, _frx) = oneshot::channel();
+        r.owned_by_ask(&[id], Duration::MAX, ftx);
+        assert_eq!(
+            r.sweep_at(now + Duration::from_secs(86_400 * 365), max_wait),
+            0
+        );
     }
 }

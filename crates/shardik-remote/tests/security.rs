@@ -95,3 +95,61 @@ async fn another_payload_format_is_refused() {
     let json = config("b").payload_format(shardik_remote::JsonCodec::format());
     refused_both_ways(config("a"), json, RejectReason::PayloadFormat).await;
 }
+
+/// Misconfigurations that would silently weaken or break the node are refused at start with
+/// an error that names the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misconfigurations_are_refused_at_start() {
+    let refused = |cfg: RemoteConfig, expect: &'static str| async move {
+        let system = shardik_actor::ActorSystem::new("misconfigured");
+        match shardik_remote::Remote::start(&system, cfg).await {
+            Err(RemoteError::Config(msg)) => assert!(msg.contains(expect), "{msg}"),
+            Err(other) => panic!("expected a configuration error about {expect}, got {other}"),
+            Ok(_) => panic!("a node started with a bad {expect}"),
+        }
+    };
+    refused(config("a").secret(Vec::new()), "secret").await;
+    refused(
+        config("a").handshake_timeout(Duration::ZERO),
+        "handshake_timeout",
+    )
+    .await;
+    let mut short = config("a");
+    short.max_reply_wait = Duration::ZERO;
+    refused(short, "max_reply_wait").await;
+    // Every node bound to 0.0.0.0 without `advertise` would claim the same address.
+    refused(config("a").bind("0.0.0.0:0"), "advertise").await;
+    refused(
+        config("a").bind("127.0.0.1:0").advertise("[::]:2552"),
+        "advertise",
+    )
+    .await;
+    // Binding to every interface is fine with an address to advertise.
+    let (_system, node) =
+        node_with(config("a").bind("0.0.0.0:0").advertise("127.0.0.1:2552")).await;
+    assert_eq!(node.addr(), "127.0.0.1:2552");
+}
+
+/// A node that advertises another node's address is refused by it instead of being
+/// installed as that node's own loopback (where its answers would never leave); the
+/// handshake's unit tests cover the other direction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_advertising_this_nodes_address_is_refused() {
+    let (sys_a, a) = node("a").await;
+    let _seen = echo(&sys_a, &a);
+    let (_sys_b, b) = node_with(config("b").advertise(a.addr().to_string())).await;
+    let err = b.connect(a.addr()).await.unwrap_err();
+    match &err {
+        // The dialer sees the conflict first, in a's challenge, and refuses it.
+        RemoteError::Handshake(HandshakeError::Refused { reason, detail }) => {
+            assert_eq!(*reason, RejectReason::Protocol);
+            assert!(detail.contains("own address"), "{detail}");
+        }
+        other => panic!("unexpected error {other}"),
+    }
+    assert!(b.connection(a.addr()).is_none());
+    // a keeps serving: a well-configured node gets its answers.
+    let (_sys_c, c) = node("c").await;
+    let to_a = c.lookup::<Echo>("/user/echo", a.addr());
+    assert_eq!(to_a.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
+}
