@@ -118,6 +118,10 @@ pub(crate) struct Plan<'a> {
     pub(crate) events: Vec<NewEvent<'a>>,
     /// The final position of every stream an accepted append wrote, in order of first write.
     pub(crate) streams: Vec<(&'a str, Position)>,
+    /// The final position of every stream that accepted appends of this batch moved on, but
+    /// whose last event a later deletion of the batch covered (so no event row is written
+    /// there). Empty unless the batch deletes events.
+    pub(crate) covered_ends: Vec<(&'a str, Position)>,
     /// Snapshot saves and deletions, in batch order.
     pub(crate) snapshots: Vec<SnapshotStep<'a>>,
     /// Durable-state rows the batch changed, in order of first change.
@@ -179,6 +183,8 @@ pub(crate) fn plan<'a, E>(
 ) -> Result<Plan<'a>, E> {
     struct Stream {
         position: Position,
+        /// The position before the batch.
+        stored: u64,
         written: bool,
     }
     let mut streams: Tracked<'a, (&'a str, Stream)> = Tracked::new();
@@ -188,6 +194,7 @@ pub(crate) fn plan<'a, E>(
         event_deletes: Vec::new(),
         events: Vec::with_capacity(batch.len()),
         streams: Vec::new(),
+        covered_ends: Vec::new(),
         snapshots: Vec::new(),
         states: Vec::new(),
     };
@@ -201,6 +208,7 @@ pub(crate) fn plan<'a, E>(
                             pid,
                             Stream {
                                 position,
+                                stored: position.seq_nr,
                                 written: false,
                             },
                         )
@@ -284,6 +292,21 @@ pub(crate) fn plan<'a, E>(
             }
         };
         plan.outcomes.push(outcome);
+    }
+    if !plan.event_deletes.is_empty() {
+        let written: std::collections::HashSet<(&str, u64)> = plan
+            .events
+            .iter()
+            .map(|e| (e.persistence_id, e.seq_nr))
+            .collect();
+        plan.covered_ends = streams
+            .items
+            .iter()
+            .filter(|(pid, s)| {
+                s.position.seq_nr > s.stored && !written.contains(&(*pid, s.position.seq_nr))
+            })
+            .map(|(pid, s)| (*pid, s.position))
+            .collect();
     }
     plan.streams = streams
         .items

@@ -55,7 +55,10 @@ impl PersistSettings {
         self
     }
 
-    /// Keeps only the latest `count` snapshots (at least 1); default: all are kept.
+    /// Keeps only the snapshots within `(count - 1) × every` events of the newest one (at
+    /// least 1; default: all are kept): the latest `count` when a snapshot was saved at every
+    /// multiple of [`snapshot_every`](Self::snapshot_every), fewer when a command's events
+    /// jumped over a multiple or a save failed. The newest snapshot is always kept.
     pub fn keep_snapshots(mut self, count: u64) -> Self {
         self.keep_snapshots = Some(count.max(1));
         self

@@ -170,6 +170,53 @@ async fn postgres_two_nodes_one_schema_take_turns_on_one_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_two_stores_one_file_stale_writer_behind_deleted_events() {
+    let (_dir, a, b) = sqlite_pair("gone.db");
+    suite::a_stale_writer_behind_deleted_events_is_refused(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_nodes_one_schema_stale_writer_behind_deleted_events() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let (first, second) = pg_pair(&url).await;
+    suite::a_stale_writer_behind_deleted_events_is_refused(first, second).await;
+}
+
+/// An empty append (it only checks the position) in one batch with a deletion of another
+/// stream's events: both succeed. The batch once wrote a deleted-marker row at the empty
+/// append's unchanged position, which the primary key refused, failing every write of it.
+#[tokio::test] // one thread: both writes are queued before the writer lane takes a batch
+async fn postgres_empty_append_beside_a_deletion_in_one_batch() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let options = PostgresOptions {
+        schema: pg_schema(),
+        pool_size: 2,
+        writers: 1,
+        ..PostgresOptions::default()
+    };
+    let store = PostgresStore::connect_with(&url, options).await.unwrap();
+    assert_eq!(store.append(suite::append("y", 0, 1, &[1])).await, Ok(1));
+    assert_eq!(store.append(suite::append("x", 0, 1, &[1, 2])).await, Ok(2));
+    let before = store.writer_stats();
+    let (empty, deleted) = tokio::join!(
+        store.append(suite::append("y", 1, 1, &[])),
+        store.delete_up_to("x", 1),
+    );
+    assert_eq!(empty, Ok(1));
+    deleted.unwrap();
+    let after = store.writer_stats();
+    assert_eq!(after.transactions, before.transactions + 1, "one batch");
+    assert_eq!(after.retries, before.retries, "{after:?}");
+    assert_eq!(store.highest_seq_nr("y").await, Ok(1));
+    assert_eq!(store.highest_seq_nr("x").await, Ok(2));
+    assert_eq!(store.read("x", 1, 10).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_two_stores_one_file_race_on_one_state() {
     let (_dir, a, b) = sqlite_pair("state-race.db");
     suite::two_stores_one_state(a, b).await;

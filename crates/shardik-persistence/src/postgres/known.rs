@@ -4,12 +4,13 @@
 //! Why a remembered position is enough: if this lane committed event `n` of a stream with
 //! writer `w`, and an append expects position `n` with a writer not older than `w`, then
 //! either the stream still ends at `n` (its highest row is the one the lane wrote, written by
-//! `w`, so the append passes every check) or someone appended since, in which case row
-//! `n + 1` exists and the journal's primary key refuses the insert. The writer then forgets
-//! the batch's positions and runs it again with positions read from the database, which
-//! refuses the stale append with the precise error. Nothing else moves a position: rows are
-//! never rewritten, and deleting events keeps the highest row. (Rows deleted by hand, outside
-//! the store, break that assumption; `known_positions: 0` turns remembering off.)
+//! `w`, so the append passes every check) or someone appended since, in which case the
+//! stream holds a row after `n + 1` or at it, and the insert is refused by the journal's
+//! primary key: directly at `n + 1`, or because the insert statement writes a row at the
+//! position of any later row it finds (see `sql.rs`: deleting events may have removed row
+//! `n + 1`, never the stream's highest). The writer then forgets the batch's positions and
+//! runs it again with positions read from the database, which refuses the stale append
+//! with the precise error. Nothing else moves a position: rows are never rewritten.
 
 use compact_str::CompactString;
 

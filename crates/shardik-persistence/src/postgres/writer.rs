@@ -399,26 +399,9 @@ async fn write_plan<'p, 'a: 'p>(
     plan: &'p Plan<'a>,
     pending: Vec<Request<'p>>,
 ) -> Result<Vec<&'a str>, (tokio_postgres::Error, bool)> {
-    let tombstones = tombstones(plan);
-    write_rows(client, sql, plan, &tombstones, pending).await
-}
-
-/// The final position of every stream whose last accepted event a deletion in the same
-/// batch covered: it is written as a deleted row, so the stream keeps its position.
-fn tombstones<'a>(plan: &Plan<'a>) -> Vec<(&'a str, Position)> {
-    if plan.event_deletes.is_empty() {
-        return Vec::new();
-    }
-    let written: std::collections::HashSet<(&str, u64)> = plan
-        .events
-        .iter()
-        .map(|e| (e.persistence_id, e.seq_nr))
-        .collect();
-    plan.streams
-        .iter()
-        .filter(|(pid, p)| !written.contains(&(*pid, p.seq_nr)))
-        .copied()
-        .collect()
+    // The final position of every stream whose last accepted event a deletion in the same
+    // batch covered is written as a deleted row, so the stream keeps its position.
+    write_rows(client, sql, plan, &plan.covered_ends, pending).await
 }
 
 async fn write_rows<'p, 'a: 'p>(

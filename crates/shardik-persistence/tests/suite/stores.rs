@@ -327,6 +327,47 @@ pub async fn two_stores_take_turns_on_one_stream<A: Store, B: Store>(a: Arc<A>, 
     assert_eq!(b.highest_seq_nr("turns").await, Ok(7));
 }
 
+/// A writer that fell behind is refused even after the other store deleted the events
+/// between its position and the stream's end: it is behind the stream's position, not at a
+/// gap, and (with an older incarnation) fenced. A store that remembers the positions it
+/// committed must not take the missing rows for a stream nobody moved on.
+pub async fn a_stale_writer_behind_deleted_events_is_refused<A: Store, B: Store>(
+    a: Arc<A>,
+    b: Arc<B>,
+) {
+    // A newer incarnation moves the stream on, then retention deletes what it passed.
+    assert_eq!(a.append(append("gone", 0, 1, &[1])).await, Ok(1));
+    assert_eq!(b.append(append("gone", 1, 2, &[2])).await, Ok(2));
+    assert_eq!(b.append(append("gone", 2, 2, &[3])).await, Ok(3));
+    b.delete_up_to("gone", 3).await.unwrap();
+    assert_eq!(
+        a.append(append("gone", 1, 1, &[20])).await,
+        Err(StoreError::Fenced {
+            persistence_id: "gone".into(),
+            writer: 1,
+            current: 2
+        })
+    );
+    // The same incarnation on both stores (two writers of one id): a conflict.
+    assert_eq!(a.append(append("same", 0, 1, &[1])).await, Ok(1));
+    assert_eq!(b.append(append("same", 1, 1, &[2])).await, Ok(2));
+    assert_eq!(b.append(append("same", 2, 1, &[3])).await, Ok(3));
+    b.delete_up_to("same", 2).await.unwrap();
+    assert_eq!(
+        a.append(append("same", 1, 1, &[20])).await,
+        Err(StoreError::Conflict {
+            persistence_id: "same".into(),
+            expected: 1,
+            actual: 3
+        })
+    );
+    // Nothing of the refused appends was written; the stream goes on where it ends.
+    assert_eq!(amounts(&*b, "same", 1).await, [(3, 3)]);
+    assert_eq!(a.append(append("same", 3, 1, &[4])).await, Ok(4));
+    assert_eq!(b.highest_seq_nr("gone").await, Ok(3));
+    assert!(amounts(&*a, "gone", 1).await.is_empty());
+}
+
 /// Writes queued together (a batching store takes them into one transaction) are accepted
 /// or refused one by one, in queue order: a conflict or a fenced writer refuses only its own
 /// write, and a later write of the same stream sees the earlier accepted one.
