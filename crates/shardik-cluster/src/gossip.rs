@@ -144,10 +144,11 @@ impl Gossip {
             .cloned()
             .collect();
         for old in earlier {
-            let down = old
-                .with_status(MemberStatus::Down)
-                .expect("every live state may go down");
-            self.members.insert(old.node.clone(), down);
+            // Every state a stored member can be in may go down (`Removed` members are not
+            // stored); a state that cannot is left as it is rather than trusted blindly.
+            if let Ok(down) = old.with_status(MemberStatus::Down) {
+                self.members.insert(old.node.clone(), down);
+            }
         }
         self.members
             .insert(node.clone(), Member::joining(node, roles));
@@ -297,6 +298,34 @@ impl Gossip {
         }
     }
 
+    /// Checks a state received from another node before it is taken in: one that no node
+    /// running this code can author (a stored `Removed` member, a member that is also
+    /// tombstoned or stored under another key, a counter or up-number near overflow) is
+    /// refused with the reason, so a corrupt or hostile message cannot break the membership
+    /// state machine.
+    pub fn check_received(&self) -> Result<(), String> {
+        /// Far above anything a cluster counts to, far below overflow.
+        const LIMIT: u64 = u64::MAX / 4;
+        for (key, m) in &self.members {
+            if *key != m.node {
+                return Err(format!("member {} is stored under {key}", m.node));
+            }
+            if m.status == MemberStatus::Removed {
+                return Err(format!("member {key} is stored as Removed"));
+            }
+            if self.tombstones.contains(key) {
+                return Err(format!("member {key} is also tombstoned"));
+            }
+            if m.up_number.is_some_and(|n| n > LIMIT) {
+                return Err(format!("member {key} has an impossible up-number"));
+            }
+        }
+        if self.version.max_counter() > LIMIT {
+            return Err("the version has an impossible counter".into());
+        }
+        Ok(())
+    }
+
     /// `true` if both states hold the same members, reachability and tombstones (whatever
     /// their versions and seen sets).
     pub fn same_content(&self, other: &Gossip) -> bool {
@@ -384,6 +413,50 @@ mod tests {
         }
         g.touch(&n(nodes[0]));
         g
+    }
+
+    /// States no node running this code authors are refused before they are taken in.
+    #[test]
+    fn received_states_no_node_authors_are_refused() {
+        let good = up(&[0, 1]);
+        assert_eq!(good.check_received(), Ok(()));
+        let broken = |f: &dyn Fn(&mut Gossip)| {
+            let mut g = good.clone();
+            f(&mut g);
+            g.check_received().unwrap_err()
+        };
+        let removed = broken(&|g| {
+            let m = g.members.get_mut(&n(1)).unwrap();
+            m.status = MemberStatus::Removed;
+        });
+        assert!(removed.contains("Removed"), "{removed}");
+        let moved = broken(&|g| {
+            let m = g.members.remove(&n(1)).unwrap();
+            g.members.insert(n(2), m);
+        });
+        assert!(moved.contains("stored under"), "{moved}");
+        let both = broken(&|g| {
+            g.tombstones.insert(n(1));
+        });
+        assert!(both.contains("tombstoned"), "{both}");
+        let old = broken(&|g| g.set_up_number(&n(1), u64::MAX));
+        assert!(old.contains("up-number"), "{old}");
+        let clock = broken(&|g| g.version.set(n(1).key(), u64::MAX));
+        assert!(clock.contains("counter"), "{clock}");
+    }
+
+    /// A join beside a stored member that cannot go down (which only a state that failed the
+    /// check above could hold) leaves that member as it is instead of panicking.
+    #[test]
+    fn a_join_beside_a_member_that_cannot_go_down_does_not_panic() {
+        let mut g = up(&[0, 1]);
+        g.members.get_mut(&n(1)).unwrap().status = MemberStatus::Removed;
+        let again = UniqueAddress::new("h:1", "n1", 2);
+        assert_eq!(g.add_joining(again.clone(), BTreeSet::new()), Ok(true));
+        assert_eq!(
+            g.member(&again).map(|m| m.status),
+            Some(MemberStatus::Joining)
+        );
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub fn leader_actions(
     for (node, to) in plan {
         if gossip.set_status(&node, to) == Ok(true) {
             if to == MemberStatus::Up {
-                next_up += 1;
+                next_up = next_up.saturating_add(1);
                 gossip.set_up_number(&node, next_up);
             }
             done.push((node, to));

@@ -289,6 +289,9 @@ impl MembershipNode {
     }
 
     fn on_gossip(&mut self, from: UniqueAddress, remote: Gossip, out: &mut Vec<Action>) {
+        if remote.check_received().is_err() {
+            return; // see `Gossip::check_received`; the runtime logs it
+        }
         let me = self.self_node().clone();
         if !self.is_member() {
             // Joining: only a gossip that contains this node is a welcome.

@@ -95,9 +95,21 @@ impl VClock {
         self.entries.get(node).copied().unwrap_or(0)
     }
 
+    /// Sets the counter of `node` (tests that build states no node would author).
+    #[cfg(test)]
+    pub(crate) fn set(&mut self, node: NodeKey, counter: u64) {
+        self.entries.insert(node, counter);
+    }
+
+    /// The largest counter (zero for an empty clock).
+    pub fn max_counter(&self) -> u64 {
+        self.entries.values().copied().max().unwrap_or(0)
+    }
+
     /// Adds one to the counter of `node`.
     pub fn increment(&mut self, node: &NodeKey) {
-        *self.entries.entry(node.clone()).or_insert(0) += 1;
+        let counter = self.entries.entry(node.clone()).or_insert(0);
+        *counter = counter.saturating_add(1);
     }
 
     /// The entry-wise maximum of both clocks.

@@ -193,7 +193,14 @@ impl Driver {
         }
         let from = msg.from;
         match msg.body {
-            Body::Gossip(g) => self.input(Input::Gossip(from, g)),
+            Body::Gossip(g) => match g.check_received() {
+                Ok(()) => self.input(Input::Gossip(from, g)),
+                Err(why) => tracing::warn!(
+                    node = %self.me,
+                    from = %from,
+                    "gossip refused, it cannot come from a healthy node: {why}"
+                ),
+            },
             Body::Heartbeat => {
                 let t = self.at(at);
                 let c = &self.shared.counters;
