@@ -138,6 +138,10 @@ pub(crate) struct LocalRegion<A: Actor> {
     stopping: Mutex<std::collections::HashMap<ShardId, ShardStopped>>,
     /// Shards force-stopped while stopping, with where their entities' unhandled messages go.
     forced: Mutex<std::collections::HashMap<ShardId, Unhandled<A::Msg>>>,
+    /// Per force-stopped shard: terminations whose unhandled messages are being handed on.
+    /// The shard is reported stopped only once none is, so its messages never arrive after
+    /// its `ShardStopped`.
+    handing_on: Mutex<std::collections::HashMap<ShardId, usize>>,
     /// Coarse milliseconds since start, advanced by the idle sweeper.
     clock: AtomicU64,
     counters: Counters,
@@ -182,6 +186,7 @@ impl<A: Actor> LocalRegion<A> {
                 max_live: max_live.unwrap_or(usize::MAX),
                 stopping: Mutex::new(std::collections::HashMap::new()),
                 forced: Mutex::new(std::collections::HashMap::new()),
+                handing_on: Mutex::new(std::collections::HashMap::new()),
                 clock: AtomicU64::new(0),
                 counters: Counters::default(),
             }
@@ -279,6 +284,14 @@ impl<A: Actor> LocalRegion<A> {
             let after = state.terminated(&id, ended, respawn, self.now(), |key| {
                 self.spawn_entity(shard, key)
             });
+            // Counted before the entity's removal is visible to another termination's
+            // `check_stopping` (which takes this lock), uncounted after the hand-on below.
+            let handing = unhandled.is_some()
+                && !self.system.is_shutting_down()
+                && matches!(&after, AfterStop::Dropped(m) | AfterStop::Respawned { dropped: m, .. } if !m.is_empty());
+            if handing {
+                *self.handing_on.lock().entry(shard).or_default() += 1;
+            }
             if let Some(lru) = &self.lru {
                 let mut lru = lru.lock();
                 match &after {
@@ -305,9 +318,16 @@ impl<A: Actor> LocalRegion<A> {
             AfterStop::Removed | AfterStop::Stale => Vec::new(),
         };
         let dropped = match unhandled {
-            // Handed on before the shard can be reported stopped (below).
+            // Handed on before the shard can be reported stopped (`handing_on`).
             Some(unhandled) if !dropped.is_empty() && !self.system.is_shutting_down() => {
                 unhandled(id.clone(), dropped);
+                let mut handing_on = self.handing_on.lock();
+                if let Some(n) = handing_on.get_mut(&shard) {
+                    *n -= 1;
+                    if *n == 0 {
+                        handing_on.remove(&shard);
+                    }
+                }
                 Vec::new()
             }
             _ => dropped,
@@ -349,9 +369,14 @@ impl<A: Actor> LocalRegion<A> {
         if !self.stopping.lock().contains_key(&shard) {
             return;
         }
-        if self.passivate_shard(shard) {
-            self.forced.lock().remove(&shard);
-            let done = self.stopping.lock().remove(&shard);
+        if self.passivate_shard(shard) && !self.handing_on.lock().contains_key(&shard) {
+            // Under the `stopping` lock, so a concurrent `force_stop_shard` either registers
+            // before (and is removed here) or finds the shard no longer stopping.
+            let done = {
+                let mut stopping = self.stopping.lock();
+                self.forced.lock().remove(&shard);
+                stopping.remove(&shard)
+            };
             if let Some(done) = done {
                 done();
             }
@@ -520,10 +545,13 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
     }
 
     fn force_stop_shard(&self, shard: ShardId, unhandled: Unhandled<A::Msg>) {
-        if shard >= self.shard_count || !self.stopping.lock().contains_key(&shard) {
-            return;
+        {
+            let stopping = self.stopping.lock();
+            if shard >= self.shard_count || !stopping.contains_key(&shard) {
+                return;
+            }
+            self.forced.lock().insert(shard, unhandled);
         }
-        self.forced.lock().insert(shard, unhandled);
         let told = self.shards[shard as usize].lock().force_stop();
         tracing::warn!(
             entity_type = %self.type_name,

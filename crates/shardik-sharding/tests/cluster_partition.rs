@@ -77,3 +77,56 @@ async fn isolated_node_stops_its_entities_before_the_majority_restarts_them() {
     reg.assert_single_writer();
     stop_all(&nodes).await;
 }
+
+/// A fenced node stops an entity after the message it is handling, not after its whole
+/// backlog: the majority starts the entity again `down_margin` after downing the node, and a
+/// copy still working through its mailbox here then would be a second live one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_node_stops_a_busy_entity_after_its_current_message() {
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    let nodes = cluster_with(3, 12, &reg, Some(&faults)).await;
+    let mut busy = None;
+    for i in 0..100 {
+        let id = format!("e{i}");
+        if where_is(&nodes[0], &id).await == "n2" {
+            busy = Some(id);
+            break;
+        }
+    }
+    let busy = busy.expect("an entity hosted on n2");
+    // 400 messages of 50 ms each: a 20 s backlog.
+    for seq in 0..400 {
+        nodes[2].region.tell(
+            &busy,
+            Msg::Slow {
+                sender: 9,
+                seq,
+                ms: 50,
+            },
+        );
+    }
+    let handled = || reg.journal.lock().get(&busy).map_or(0, Vec::len);
+    poll("the busy entity works", Duration::from_secs(5), || {
+        handled() > 0
+    })
+    .await;
+    for other in ["n0", "n1"] {
+        faults.cut_both("n2", other);
+    }
+    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    let at_fence = handled();
+    poll("n2's entities stopped", Duration::from_secs(5), || {
+        nodes[2].hosted().is_empty()
+    })
+    .await;
+    let after = handled() - at_fence;
+    assert!(
+        after <= 3,
+        "{after} messages handled after the fence (a graceful stop drains the mailbox)"
+    );
+    assert!(handled() < 400, "the whole backlog was handled");
+    reg.assert_ordered(&busy, &[9]);
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}

@@ -40,6 +40,8 @@ enum RegionEvent<M> {
     ShardStopped(ShardId),
     /// Messages a force-stopped entity of the shard had not handled.
     Unhandled(ShardId, Vec<Envelope<M>>),
+    /// Messages an entity stopped by the fence had not handled.
+    FencedUnhandled(ShardId, EntityId, Vec<M>),
 }
 
 /// Where this region stands with the coordinator of its type.
@@ -655,6 +657,9 @@ where
                     Some(RegionEvent::Unhandled(shard, envelopes)) => {
                         self.input(RegionInput::Unhandled { shard, envelopes })
                     }
+                    Some(RegionEvent::FencedUnhandled(shard, id, msgs)) => {
+                        self.on_fenced_unhandled(shard, &id, msgs)
+                    }
                     None => break,
                 },
                 ev = sub.recv() => match ev {
@@ -674,6 +679,14 @@ where
             }
         }
         self.node_stopped();
+        // Messages of fenced entities still on their way are dead letters now.
+        while let Ok(ev) = rx.try_recv() {
+            if let RegionEvent::FencedUnhandled(_, id, msgs) = ev {
+                for _ in msgs {
+                    self.dead_letter(&id, "node stopped while fenced");
+                }
+            }
+        }
     }
 
     /// Reads the membership (plus `gone`, a member an event just reported downed or removed).
@@ -762,6 +775,17 @@ where
                         r.shard_stopped(shard);
                     }
                     self.local.stop_shard(shard, Box::new(|| {}));
+                    // At once, not after each entity's backlog: the winning side starts the
+                    // shard again `down_margin` after it downs this node, and an entity still
+                    // working through its mailbox here then would be a second live copy.
+                    // What the entities had not handled is held with what arrives meanwhile.
+                    let tx = self.events.clone();
+                    self.local.force_stop_shard(
+                        shard,
+                        Arc::new(move |id: EntityId, msgs: Vec<M>| {
+                            let _ = tx.send(RegionEvent::FencedUnhandled(shard, id, msgs));
+                        }),
+                    );
                 }
             }
             (false, true) => {
@@ -785,6 +809,37 @@ where
         }
     }
 
+    /// Messages an entity stopped by the fence had accepted but not handled: held ahead of
+    /// the messages for the same entity that arrived while fenced (they are older), or, if
+    /// the fence has been lifted meanwhile, delivered; dead letters once the node stopped.
+    fn on_fenced_unhandled(&self, shard: ShardId, id: &str, msgs: Vec<M>) {
+        let mut g = self.change();
+        if self.stopped.load(Ordering::SeqCst) {
+            for _ in msgs {
+                self.dead_letter(id, "node stopped while fenced");
+            }
+            return;
+        }
+        match &mut g.fenced {
+            Some(held) => {
+                // Accepted before the fence: kept even past the held buffer's bound.
+                let at = held
+                    .iter()
+                    .position(|(s, held_id, _)| *s == shard && held_id == id)
+                    .unwrap_or(held.len());
+                let owned: String = id.to_string();
+                held.splice(at..at, msgs.into_iter().map(|m| (shard, owned.clone(), m)));
+            }
+            None => {
+                for msg in msgs {
+                    if self.deliver_here(shard, id, msg).is_err() {
+                        self.dead_letter(id, "entity refused the message");
+                    }
+                }
+            }
+        }
+    }
+
     /// This node left the cluster (or was downed, or the system shuts down): stop hosting.
     fn node_stopped(&self) {
         if self.stopped.swap(true, Ordering::SeqCst) {
@@ -797,6 +852,22 @@ where
                 r.shard_stopped(shard);
             }
             self.local.stop_shard(shard, Box::new(|| {}));
+            // Downed or gone: the shard starts elsewhere, so its entities stop after their
+            // current message; what they had not handled is a dead letter here.
+            let system = self.system().clone();
+            let type_name = self.type_name.clone();
+            self.local.force_stop_shard(
+                shard,
+                Arc::new(move |id: EntityId, msgs: Vec<M>| {
+                    for _ in msgs {
+                        system.record_dead_letter(
+                            &format_args!("{type_name}/{id}"),
+                            std::any::type_name::<M>(),
+                            "cluster node stopped",
+                        );
+                    }
+                }),
+            );
         }
     }
 }

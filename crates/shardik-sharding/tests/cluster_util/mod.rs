@@ -34,6 +34,8 @@ pub fn init_tracing() {
 pub enum Msg {
     /// Sequence number `seq` from sender `sender`.
     Add { sender: u32, seq: u64 },
+    /// As `Add`, after working for `ms` milliseconds (a busy entity with a backlog).
+    Slow { sender: u32, seq: u64, ms: u64 },
     /// The node it runs on.
     Where(ReplyTo<String>),
     /// What this incarnation received.
@@ -165,7 +167,10 @@ impl Actor for Probe {
     }
     async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
         match msg {
-            Msg::Add { sender, seq } => {
+            Msg::Add { sender, seq } | Msg::Slow { sender, seq, .. } => {
+                if let Msg::Slow { ms, .. } = msg {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
                 self.got.push((sender, seq));
                 self.reg
                     .journal
