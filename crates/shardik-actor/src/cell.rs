@@ -96,6 +96,8 @@ pub(crate) struct Extras {
     pub(crate) children: HashMap<ActorId, Arc<dyn CellHandle>>,
     pub(crate) timers: HashMap<u64, tokio::task::AbortHandle>,
     pub(crate) next_timer: u64,
+    /// The run task's waker while a restart backs off: a system message wakes it.
+    pub(crate) backoff: Option<std::task::Waker>,
 }
 
 /// What the run task owns while it runs; parked in the cell between turns.
@@ -272,6 +274,10 @@ impl<A: Actor> CellHandle for Cell<A> {
 
     fn send_system(&self, msg: SystemMessage) {
         if self.mailbox.push_system(msg) {
+            let backing_off = self.extras.lock().as_mut().and_then(|x| x.backoff.take());
+            if let Some(waker) = backing_off {
+                waker.wake();
+            }
             self.schedule();
         }
     }
@@ -430,7 +436,9 @@ impl<A: Actor> Cell<A> {
                     let error = format!("factory panicked: {}", panic_message(&*panic));
                     match self.decide(st, error) {
                         Decision::Restart(backoff) => {
-                            sleep_if(backoff).await;
+                            if self.back_off(backoff).await {
+                                return Ok(()); // stopped meanwhile: the run loop stops next
+                            }
                             continue;
                         }
                         Decision::Resume | Decision::Stop(_) => {
@@ -446,12 +454,43 @@ impl<A: Actor> Cell<A> {
                     Decision::Resume => return Ok(()),
                     Decision::Restart(backoff) => {
                         self.discard_instance(st);
-                        sleep_if(backoff).await;
+                        if self.back_off(backoff).await {
+                            return Ok(()); // stopped meanwhile: the run loop stops next
+                        }
                     }
                     Decision::Stop(reason) => return Err(reason),
                 },
             }
         }
+    }
+
+    /// Waits `backoff` before a restart, or less if the actor is told to stop meanwhile
+    /// (`ActorRef::stop` then takes effect at once instead of after the backoff). True if a
+    /// `Stop` is waiting: the restart must not happen.
+    async fn back_off(&self, backoff: std::time::Duration) -> bool {
+        if !backoff.is_zero() {
+            let sleep = tokio::time::sleep(backoff);
+            tokio::pin!(sleep);
+            std::future::poll_fn(|cx| {
+                if self.mailbox.stop_pending() {
+                    return Poll::Ready(());
+                }
+                // Registered before the second check: a `Stop` pushed in between wakes us.
+                self.extras
+                    .lock()
+                    .get_or_insert_with(Default::default)
+                    .backoff = Some(cx.waker().clone());
+                if self.mailbox.stop_pending() {
+                    return Poll::Ready(());
+                }
+                sleep.as_mut().poll(cx)
+            })
+            .await;
+            if let Some(x) = self.extras.lock().as_mut() {
+                x.backoff = None;
+            }
+        }
+        self.mailbox.stop_pending()
     }
 
     /// Drops a failed instance before a restart, with the timers it started: their ids died
@@ -477,7 +516,11 @@ impl<A: Actor> Cell<A> {
             Decision::Stop(reason) => Err(reason),
             Decision::Restart(backoff) => {
                 self.discard_instance(st);
-                sleep_if(backoff).await;
+                if self.back_off(backoff).await {
+                    // Stopped during the backoff: no new instance only to stop it (the run
+                    // loop takes the `Stop` before any further message).
+                    return Ok(());
+                }
                 self.start_incarnation(st, ctx).await
             }
         }
@@ -592,12 +635,6 @@ impl<A: Actor> Cell<A> {
         for (_, notify) in watchers {
             notify(&terminated);
         }
-    }
-}
-
-async fn sleep_if(d: std::time::Duration) {
-    if !d.is_zero() {
-        tokio::time::sleep(d).await;
     }
 }
 

@@ -298,6 +298,17 @@ impl<M> Mailbox<M> {
         self.user_pending.load(Ordering::SeqCst)
     }
 
+    /// True if a `Stop` waits in the system lane (checked while a restart backs off).
+    pub(crate) fn stop_pending(&self) -> bool {
+        self.system_pending()
+            && self
+                .lanes
+                .lock()
+                .system
+                .iter()
+                .any(|m| matches!(m, SystemMessage::Stop))
+    }
+
     pub(crate) fn take_system(&self) -> Vec<SystemMessage> {
         let mut lanes = self.lanes.lock();
         self.system_pending.store(false, Ordering::SeqCst);

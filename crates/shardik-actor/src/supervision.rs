@@ -22,14 +22,15 @@ impl SupervisorStrategy {
 
 /// Limits and pacing of restarts.
 ///
-/// When more than `max_restarts` failures happen within `within`, the actor is stopped
-/// instead. Before the n-th consecutive restart the actor waits
-/// `min(min_backoff * 2^(n-1), max_backoff)`; messages keep queueing meanwhile.
+/// When more than `max_restarts` failures happen within any span of `within` (a sliding
+/// window), the actor is stopped instead. Before a restart the actor waits
+/// `min(min_backoff * 2^(n-1), max_backoff)`, `n` being the failures within the window;
+/// messages keep queueing meanwhile, and a stop during the wait takes effect at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RestartPolicy {
     /// Restarts allowed within the window before the actor is stopped.
     pub max_restarts: u32,
-    /// The sliding window over which restarts are counted.
+    /// The sliding window over which failures are counted.
     pub within: Duration,
     /// The delay before the first restart of a series (zero: restart at once).
     pub min_backoff: Duration,
@@ -66,31 +67,40 @@ impl RestartPolicy {
     }
 }
 
-/// Failures seen within the current window (part of an actor's run state).
+/// The times of the failures within the last `within` (part of an actor's run state).
 #[derive(Default, Debug)]
 pub(crate) struct RestartWindow {
-    window_start: Option<Instant>,
-    count: u32,
+    /// Oldest first; at most `max_restarts + 1` are kept, since only that many matter.
+    failures: std::collections::VecDeque<Instant>,
 }
 
 impl RestartWindow {
     /// Records a failure at `now`. Returns the backoff to wait before restarting, or `None` if
-    /// the limit is exceeded and the actor must stop.
+    /// more than `max_restarts` failures fall within the `within` ending now (a sliding
+    /// window) and the actor must stop.
     pub(crate) fn on_failure(&mut self, policy: &RestartPolicy, now: Instant) -> Option<Duration> {
-        match self.window_start {
-            Some(start) if now.duration_since(start) <= policy.within => self.count += 1,
-            _ => {
-                self.window_start = Some(now);
-                self.count = 1;
-            }
+        while self
+            .failures
+            .front()
+            .is_some_and(|&t| now.saturating_duration_since(t) > policy.within)
+        {
+            self.failures.pop_front();
         }
-        if self.count > policy.max_restarts {
+        self.failures.push_back(now);
+        let keep = usize::try_from(policy.max_restarts)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
+        while self.failures.len() > keep {
+            self.failures.pop_front();
+        }
+        let count = u32::try_from(self.failures.len()).unwrap_or(u32::MAX);
+        if count > policy.max_restarts {
             return None;
         }
         if policy.min_backoff.is_zero() {
             return Some(Duration::ZERO);
         }
-        let exp = (self.count - 1).min(31);
+        let exp = (count - 1).min(31);
         let backoff = policy.min_backoff.saturating_mul(1u32 << exp);
         Some(backoff.min(policy.max_backoff))
     }
@@ -116,6 +126,28 @@ mod tests {
             w.on_failure(&policy, t0 + Duration::from_secs(30)),
             Some(Duration::ZERO)
         );
+    }
+
+    /// The window slides: three failures within 0.3 s stop the actor even when the first
+    /// window that would have counted them started 10 s earlier.
+    #[test]
+    fn the_window_slides_with_each_failure() {
+        let policy = RestartPolicy::new(2, Duration::from_secs(10));
+        let mut w = RestartWindow::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert!(w.on_failure(&policy, at(0)).is_some());
+        assert!(w.on_failure(&policy, at(9_900)).is_some());
+        // 10.1 s: the failure at 0 has left the window; 9.9 and 10.1 remain.
+        assert!(w.on_failure(&policy, at(10_100)).is_some());
+        // 10.2 s: 9.9, 10.1 and 10.2 are three within 10 s.
+        assert_eq!(w.on_failure(&policy, at(10_200)), None);
+        // A huge limit keeps only what it needs.
+        let lax = RestartPolicy::new(u32::MAX, Duration::from_secs(10));
+        let mut w = RestartWindow::default();
+        for ms in 0..100 {
+            assert!(w.on_failure(&lax, at(ms)).is_some());
+        }
     }
 
     #[test]

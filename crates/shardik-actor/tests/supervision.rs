@@ -258,6 +258,66 @@ async fn backoff_delays_each_restart() {
     system.shutdown().await;
 }
 
+/// A stop during a restart backoff takes effect at once: the actor does not wait out the
+/// backoff, and no new instance is built only to be stopped.
+#[tokio::test(start_paused = true)]
+async fn a_stop_during_a_restart_backoff_stops_at_once_without_a_new_instance() {
+    let system = ActorSystem::new("sup-backoff-stop");
+    let policy = RestartPolicy::new(10, Duration::from_secs(60))
+        .with_backoff(Duration::from_secs(30), Duration::from_secs(30));
+    let (props, h) = flaky(SupervisorStrategy::Restart(policy), 0);
+    let actor = system.spawn_props(props);
+    assert_eq!(get(&actor).await, Ok(0));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let watcher = system.spawn(Watcher {
+        target: actor.clone(),
+        done: Some(tx),
+    });
+    actor.tell(Msg::Fail);
+    // On the paused clock this timer fires only once every task is idle: the failure has
+    // been handled and the run task waits in its 30 s backoff.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let start = Instant::now();
+    actor.stop();
+    let reason = rx.await.expect("the watcher is told");
+    assert_eq!(reason, StopReason::Stopped);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "the stop waited {:?} (the backoff is 30 s)",
+        start.elapsed()
+    );
+    assert_eq!(h.events(), ["started 1"], "no second instance");
+    drop(watcher);
+    system.shutdown().await;
+}
+
+/// Tells its owner how the watched actor ended.
+struct Watcher {
+    target: ActorRef<Msg>,
+    done: Option<tokio::sync::oneshot::Sender<StopReason>>,
+}
+
+impl Actor for Watcher {
+    type Msg = ();
+    async fn started(&mut self, ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        ctx.watch(&self.target);
+        Ok(())
+    }
+    async fn handle(&mut self, _msg: (), _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        Ok(())
+    }
+    async fn terminated(
+        &mut self,
+        _ctx: &mut Context<Self>,
+        t: shardik_actor::Terminated,
+    ) -> Result<(), ActorError> {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(t.reason);
+        }
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn a_failing_started_hook_is_restarted_until_it_succeeds() {
     let system = ActorSystem::new("sup-started-restart");
