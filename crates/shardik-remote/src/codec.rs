@@ -71,6 +71,18 @@ impl BodyCodec {
     }
 }
 
+impl BodyCodec {
+    /// Changes the limit (after the handshake, whose frames have a smaller one).
+    pub fn set_max_frame_len(&mut self, max_frame_len: usize) {
+        self.max_frame_len = max_frame_len.min(u32::MAX as usize);
+    }
+}
+
+/// The largest frame accepted while a connection is in its handshake (which exchanges small
+/// frames: identities, nonces, proofs). A peer not yet authenticated cannot make this node
+/// buffer a `max_frame_len` body.
+pub const HANDSHAKE_MAX_FRAME_LEN: usize = 64 * 1024;
+
 impl Default for BodyCodec {
     fn default() -> Self {
         BodyCodec::new(DEFAULT_MAX_FRAME_LEN)

@@ -50,7 +50,8 @@ pub struct RemoteConfig {
     pub control_queue: usize,
     /// Most user frames the user connection's writer hands to one write (default 1 024).
     pub write_batch_frames: usize,
-    /// Time allowed to connect and complete a handshake (default 5 s).
+    /// Time allowed to connect and complete a handshake (default 5 s): one deadline for the
+    /// TCP connect, TLS and the protocol handshake together.
     pub handshake_timeout: Duration,
     /// First reconnect delay (default 100 ms); doubled after each failure up to `backoff_max`.
     pub backoff_min: Duration,

@@ -20,8 +20,6 @@
 //! Without a configured secret both sides use an empty key: the exchange then only checks
 //! versions and cluster names and authenticates nothing.
 
-use std::time::Duration;
-
 use futures_util::StreamExt;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -44,7 +42,6 @@ pub(crate) struct Local {
     pub cluster: String,
     pub me: NodeIdentity,
     pub secret: std::sync::Arc<[u8]>,
-    pub timeout: Duration,
     pub max_frame_len: usize,
     /// Name of this node's payload format.
     pub payload_format: String,
@@ -62,7 +59,6 @@ impl Local {
                 addr: format!("{node}:1"),
             },
             secret: secret.into(),
-            timeout: Duration::from_secs(5),
             max_frame_len: crate::codec::DEFAULT_MAX_FRAME_LEN,
             payload_format: "msgpack-named".into(),
         }
@@ -205,12 +201,13 @@ pub(crate) async fn connect<R, W>(
     w: &mut W,
     local: &Local,
     lane: Lane,
+    deadline: tokio::time::Instant,
 ) -> Result<NodeIdentity, HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    match tokio::time::timeout(local.timeout, connect_inner(r, w, local, lane)).await {
+    match tokio::time::timeout_at(deadline, connect_inner(r, w, local, lane)).await {
         Ok(res) => res,
         Err(_) => Err(HandshakeError::Timeout),
     }
@@ -298,13 +295,14 @@ pub(crate) async fn accept<R, W>(
     r: &mut FramedRead<R, BodyCodec>,
     w: &mut W,
     local: &Local,
+    deadline: tokio::time::Instant,
     admit: impl FnOnce(&NodeIdentity, Lane) -> Result<(), RejectReason>,
 ) -> Result<(NodeIdentity, Lane), HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    match tokio::time::timeout(local.timeout, accept_inner(r, w, local, admit)).await {
+    match tokio::time::timeout_at(deadline, accept_inner(r, w, local, admit)).await {
         Ok(res) => res,
         Err(_) => Err(HandshakeError::Timeout),
     }
@@ -414,6 +412,12 @@ fn kind_name(f: &Frame) -> &'static str {
 mod tests {
     use super::*;
 
+    use std::time::Duration;
+
+    fn soon() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(5)
+    }
+
     async fn run(
         c: Local,
         a: Local,
@@ -427,8 +431,8 @@ mod tests {
         let mut cr = FramedRead::new(cr, BodyCodec::default());
         let mut ar = FramedRead::new(ar, BodyCodec::default());
         tokio::join!(
-            connect(&mut cr, &mut cw, &c, Lane::User),
-            accept(&mut ar, &mut aw, &a, |_, _| Ok(()))
+            connect(&mut cr, &mut cw, &c, Lane::User, soon()),
+            accept(&mut ar, &mut aw, &a, soon(), |_, _| Ok(()))
         )
     }
 
@@ -518,8 +522,10 @@ mod tests {
         let c = Local::for_test("c", "k", b"s");
         let a = Local::for_test("a", "k", b"s");
         let (c, a) = tokio::join!(
-            connect(&mut cr, &mut cw, &c, Lane::Control),
-            accept(&mut ar, &mut aw, &a, |_, _| Err(RejectReason::Duplicate))
+            connect(&mut cr, &mut cw, &c, Lane::Control, soon()),
+            accept(&mut ar, &mut aw, &a, soon(), |_, _| Err(
+                RejectReason::Duplicate
+            ))
         );
         assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Duplicate));
         assert_eq!(a.unwrap_err().reason(), Some(RejectReason::Duplicate));
@@ -558,10 +564,10 @@ mod tests {
         let (cs, _keep) = tokio::io::duplex(4096);
         let (cr, mut cw) = tokio::io::split(cs);
         let mut cr = FramedRead::new(cr, BodyCodec::default());
-        let mut c = Local::for_test("c", "k", b"s");
-        c.timeout = Duration::from_millis(50);
+        let c = Local::for_test("c", "k", b"s");
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
         assert!(matches!(
-            connect(&mut cr, &mut cw, &c, Lane::User).await,
+            connect(&mut cr, &mut cw, &c, Lane::User, deadline).await,
             Err(HandshakeError::Timeout)
         ));
     }

@@ -17,7 +17,7 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::codec::BodyCodec;
+use crate::codec::{BodyCodec, HANDSHAKE_MAX_FRAME_LEN};
 use crate::config::RemoteConfig;
 use crate::error::{DecodeError, HandshakeError, RemoteError};
 use crate::frame::{Envelope, Frame, HeaderCache, Lane, NodeIdentity, RejectReason, ReplyFailure};
@@ -234,8 +234,10 @@ impl Node {
         peer: &Arc<Peer>,
         lane: Lane,
     ) -> Result<NodeIdentity, RemoteError> {
+        // One deadline for the whole handshake: TCP connect, TLS, then the protocol.
+        let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
         let connect = connect_tcp(&peer.addr, self.cfg.socket_buffer);
-        let stream = match tokio::time::timeout(self.cfg.handshake_timeout, connect).await {
+        let stream = match tokio::time::timeout_at(deadline, connect).await {
             Ok(Ok(s)) => s,
             Ok(Err(source)) => {
                 return Err(RemoteError::Connect {
@@ -263,28 +265,27 @@ impl Node {
         match &self.cfg.tls {
             None => {
                 let (r, w) = stream.into_split();
-                self.outbound_on(peer, lane, r, w, (local_sa, remote_sa))
+                self.outbound_on(peer, lane, r, w, (local_sa, remote_sa), deadline)
                     .await
             }
             Some(tls) => {
                 let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
                 let connecting = connector.connect(tls.server_name.clone(), stream);
-                let tls_stream =
-                    match tokio::time::timeout(self.cfg.handshake_timeout, connecting).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            let e = HandshakeError::Tls(e.to_string());
-                            self.handshake_failed(&peer.addr, &e);
-                            return Err(e.into());
-                        }
-                        Err(_) => {
-                            let e = HandshakeError::Timeout;
-                            self.handshake_failed(&peer.addr, &e);
-                            return Err(e.into());
-                        }
-                    };
+                let tls_stream = match tokio::time::timeout_at(deadline, connecting).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        let e = HandshakeError::Tls(e.to_string());
+                        self.handshake_failed(&peer.addr, &e);
+                        return Err(e.into());
+                    }
+                    Err(_) => {
+                        let e = HandshakeError::Timeout;
+                        self.handshake_failed(&peer.addr, &e);
+                        return Err(e.into());
+                    }
+                };
                 let (r, w) = tokio::io::split(tls_stream);
-                self.outbound_on(peer, lane, r, w, (local_sa, remote_sa))
+                self.outbound_on(peer, lane, r, w, (local_sa, remote_sa), deadline)
                     .await
             }
         }
@@ -298,20 +299,28 @@ impl Node {
         r: R,
         mut w: W,
         (local_sa, remote_sa): (std::net::SocketAddr, std::net::SocketAddr),
+        deadline: tokio::time::Instant,
     ) -> Result<NodeIdentity, RemoteError>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let mut reader = FramedRead::new(r, BodyCodec::new(self.cfg.max_frame_len));
-        let remote = match handshake::connect(&mut reader, &mut w, &self.local, lane).await {
-            Ok(remote) => remote,
-            Err(e) => {
-                let e = tls_alert(e);
-                self.handshake_failed(&peer.addr, &e);
-                return Err(e.into());
-            }
-        };
+        let handshake_limit = HANDSHAKE_MAX_FRAME_LEN.min(self.cfg.max_frame_len);
+        let mut reader = FramedRead::new(r, BodyCodec::new(handshake_limit));
+        let remote =
+            match handshake::connect(&mut reader, &mut w, &self.local, lane, deadline).await {
+                Ok(remote) => {
+                    reader
+                        .decoder_mut()
+                        .set_max_frame_len(self.cfg.max_frame_len);
+                    remote
+                }
+                Err(e) => {
+                    let e = tls_alert(e);
+                    self.handshake_failed(&peer.addr, &e);
+                    return Err(e.into());
+                }
+            };
         if *remote.addr != *peer.addr {
             tracing::warn!(
                 dialed = %peer.addr,
@@ -342,6 +351,8 @@ impl Node {
     }
 
     async fn inbound(self: Arc<Self>, stream: TcpStream) {
+        // One deadline for the whole handshake: TLS, then the protocol.
+        let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
         let Ok(permit) = self.handshake_slots.clone().try_acquire_owned() else {
             tracing::warn!("too many connections in their handshake; closing a new one");
             return;
@@ -354,26 +365,27 @@ impl Node {
         match self.cfg.tls.clone() {
             None => {
                 let (r, w) = stream.into_split();
-                self.inbound_on(permit, r, w, local_sa, remote_sa).await
+                self.inbound_on(permit, r, w, (local_sa, remote_sa), deadline)
+                    .await
             }
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
                 let accepting = acceptor.accept(stream);
-                let tls_stream =
-                    match tokio::time::timeout(self.cfg.handshake_timeout, accepting).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            let e = HandshakeError::Tls(e.to_string());
-                            self.handshake_failed(&remote_sa.to_string(), &e);
-                            return;
-                        }
-                        Err(_) => {
-                            self.handshake_failed(&remote_sa.to_string(), &HandshakeError::Timeout);
-                            return;
-                        }
-                    };
+                let tls_stream = match tokio::time::timeout_at(deadline, accepting).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        let e = HandshakeError::Tls(e.to_string());
+                        self.handshake_failed(&remote_sa.to_string(), &e);
+                        return;
+                    }
+                    Err(_) => {
+                        self.handshake_failed(&remote_sa.to_string(), &HandshakeError::Timeout);
+                        return;
+                    }
+                };
                 let (r, w) = tokio::io::split(tls_stream);
-                self.inbound_on(permit, r, w, local_sa, remote_sa).await
+                self.inbound_on(permit, r, w, (local_sa, remote_sa), deadline)
+                    .await
             }
         }
     }
@@ -384,32 +396,42 @@ impl Node {
         permit: tokio::sync::OwnedSemaphorePermit,
         r: R,
         mut w: W,
-        local_sa: std::net::SocketAddr,
-        remote_sa: std::net::SocketAddr,
+        (local_sa, remote_sa): (std::net::SocketAddr, std::net::SocketAddr),
+        deadline: tokio::time::Instant,
     ) where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let mut reader = FramedRead::new(r, BodyCodec::new(self.cfg.max_frame_len));
+        let handshake_limit = HANDSHAKE_MAX_FRAME_LEN.min(self.cfg.max_frame_len);
+        let mut reader = FramedRead::new(r, BodyCodec::new(handshake_limit));
         let mut admitted = None;
-        let res = handshake::accept(&mut reader, &mut w, &self.local, |remote, lane| {
-            let peer = self.peer(&remote.addr);
-            let info = ConnectionInfo {
-                local: local_sa,
-                remote: remote_sa,
-                peer: remote.clone(),
-                outbound: false,
-                lane,
-            };
-            let (id, slot, cancel) = self.conn_slot(info.clone());
-            let installed = peer.admit_inbound(&self.local.me, slot)?;
-            admitted = Some((peer, id, cancel, info, installed));
-            Ok(())
-        })
+        let res = handshake::accept(
+            &mut reader,
+            &mut w,
+            &self.local,
+            deadline,
+            |remote, lane| {
+                let peer = self.peer(&remote.addr);
+                let info = ConnectionInfo {
+                    local: local_sa,
+                    remote: remote_sa,
+                    peer: remote.clone(),
+                    outbound: false,
+                    lane,
+                };
+                let (id, slot, cancel) = self.conn_slot(info.clone());
+                let installed = peer.admit_inbound(&self.local.me, slot)?;
+                admitted = Some((peer, id, cancel, info, installed));
+                Ok(())
+            },
+        )
         .await;
         drop(permit);
         match res {
             Ok((remote, lane)) => {
+                reader
+                    .decoder_mut()
+                    .set_max_frame_len(self.cfg.max_frame_len);
                 let (peer, id, cancel, info, installed) = admitted.expect("admitted before accept");
                 self.connection_up(&peer, &info, installed);
                 let conn = Conn {

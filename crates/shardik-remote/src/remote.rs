@@ -80,7 +80,6 @@ impl Remote {
                 addr,
             },
             secret: config.secret.clone().unwrap_or_else(|| Arc::from(&[][..])),
-            timeout: config.handshake_timeout,
             max_frame_len: config.max_frame_len,
             payload_format: config.payload_format.name().to_string(),
         };

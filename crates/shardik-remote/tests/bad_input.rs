@@ -64,6 +64,33 @@ async fn garbage_truncated_and_oversized_input_on_raw_sockets() {
     assert_serves(&sys, &server).await;
 }
 
+/// Before it is authenticated a connection may not announce a frame larger than a handshake
+/// needs: 256 pending handshakes cannot make the node buffer 256 × `max_frame_len`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_frame_before_authentication_is_refused_at_its_length_prefix() {
+    let (sys, server) = node("server").await;
+    let _seen = echo(&sys, &server);
+    let mut events = server.events();
+    // 1 MiB: within `max_frame_len` (4 MiB), far above a handshake frame. The connection is
+    // kept open (not half-closed): the node must close it on the prefix alone.
+    let mut s = TcpStream::connect(server.addr()).await.unwrap();
+    s.write_all(&(1024u32 * 1024).to_be_bytes()).await.unwrap();
+    let mut sink = Vec::new();
+    tokio::time::timeout(T, s.read_to_end(&mut sink))
+        .await
+        .expect("the node closes the connection without waiting for the body")
+        .ok();
+    let e = wait_event(&mut events, |e| {
+        matches!(e, RemoteEvent::HandshakeFailed { .. })
+    })
+    .await;
+    let RemoteEvent::HandshakeFailed { error, .. } = e else {
+        unreachable!()
+    };
+    assert!(error.contains("exceeds the limit of 65536"), "{error}");
+    assert_serves(&sys, &server).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_frame_on_an_established_connection_closes_it_and_traffic_resumes() {
     // The sender allows 1 MiB frames, the receiver only 64 KiB.
