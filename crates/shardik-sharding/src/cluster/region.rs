@@ -496,6 +496,11 @@ where
                         payload,
                         ..
                     } = env;
+                    if self.stopped.load(Ordering::SeqCst) {
+                        // Never start an entity on a node that stopped hosting.
+                        self.dead_letter(&entity_id, "cluster node stopped");
+                        continue;
+                    }
                     if let Some(held) = &mut g.fenced {
                         if held.len() < g.buffer_limit {
                             held.push((shard, entity_id, payload));
@@ -549,7 +554,7 @@ where
                         .placement
                         .remember
                         .as_ref()
-                        .filter(|_| g.fenced.is_none())
+                        .filter(|_| g.fenced.is_none() && !self.stopped.load(Ordering::SeqCst))
                     {
                         r.shard_started(shard, token);
                     }
@@ -845,7 +850,13 @@ where
         if self.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
-        let hosted = self.change().state.hosted_shards();
+        let (hosted, held) = {
+            let mut g = self.change();
+            (g.state.hosted_shards(), g.fenced.take().unwrap_or_default())
+        };
+        for (_, id, _) in held {
+            self.dead_letter(&id, "cluster node stopped while fenced");
+        }
         tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "cluster node stopped: stopping hosted shards");
         for shard in hosted {
             if let Some(r) = &self.placement.remember {
