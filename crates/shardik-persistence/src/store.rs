@@ -19,7 +19,11 @@ pub trait Journal: Send + Sync + 'static {
     ///
     /// Fails with [`StoreError::Fenced`] if a newer incarnation has written the stream, and
     /// with [`StoreError::Conflict`] if the stream's highest sequence number is not
-    /// `expected_seq_nr`; in both cases nothing is written. An empty append only checks.
+    /// `expected_seq_nr`; in both cases nothing is written. An empty append checks and
+    /// writes no event; whether it records a newer writer (fencing older ones from then on)
+    /// depends on the backend: SQLite and the in-memory store do, PostgreSQL does not (it
+    /// keeps no position apart from the stream's rows). Fencing that must hold on every
+    /// backend comes with the writer's first event.
     fn append(&self, request: AppendRequest) -> StoreFuture<'_, u64>;
 
     /// Up to `max` events of the stream with `seq_nr >= from_seq_nr`, in order.
