@@ -63,6 +63,10 @@ pub enum Lane {
 }
 
 impl Lane {
+    fn user() -> Lane {
+        Lane::User
+    }
+
     /// Both lanes, control first.
     pub const ALL: [Lane; 2] = [Lane::Control, Lane::User];
 
@@ -102,12 +106,15 @@ pub struct Hello {
     pub from: NodeIdentity,
     /// Random challenge for the accepting node.
     pub nonce: [u8; 32],
-    /// Which connection of the node pair this is.
+    /// Which connection of the node pair this is. (Missing from a version 1 hello, which
+    /// then still decodes, so that its sender is refused for its version.)
+    #[serde(default = "Lane::user")]
     pub lane: Lane,
     /// Name of the connecting node's payload format ([`PayloadFormat`]); both nodes must
-    /// use the same.
+    /// use the same. (Missing from a version 1 hello.)
     ///
     /// [`PayloadFormat`]: shardik_actor::wire::PayloadFormat
+    #[serde(default)]
     pub payload_format: String,
 }
 

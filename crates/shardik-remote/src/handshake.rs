@@ -459,6 +459,46 @@ mod tests {
         assert_eq!(a.unwrap_err().reason(), Some(RejectReason::PayloadFormat));
     }
 
+    /// A version 1 node's hello (four fields: no lane, no payload format) decodes, and its
+    /// sender is refused for its version with a reject frame, not for a malformed frame.
+    #[tokio::test]
+    async fn a_version_1_hello_is_refused_for_its_version() {
+        let old = (
+            1u32,
+            "k".to_string(),
+            NodeIdentity {
+                node_id: "old".into(),
+                incarnation: 7,
+                addr: "old:1".into(),
+            },
+            [9u8; 32],
+        );
+        let mut body = vec![1u8]; // the hello frame kind, unchanged since version 1
+        body.extend(rmp_serde::to_vec(&old).unwrap());
+        let mut framed = (body.len() as u32).to_be_bytes().to_vec();
+        framed.extend(body);
+        let (cs, as_) = tokio::io::duplex(4096);
+        let (mut cr, mut cw) = tokio::io::split(cs);
+        let (ar, mut aw) = tokio::io::split(as_);
+        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        tokio::io::AsyncWriteExt::write_all(&mut cw, &framed)
+            .await
+            .unwrap();
+        let a = Local::for_test("a", "k", b"s");
+        let err = accept(&mut ar, &mut aw, &a, soon(), |_, _| Ok(()))
+            .await
+            .unwrap_err();
+        assert_eq!(err.reason(), Some(RejectReason::Version), "{err}");
+        assert!(err.to_string().contains("version 1"), "{err}");
+        // The old node is told why, in a reject frame.
+        let mut cr = FramedRead::new(&mut cr, BodyCodec::default());
+        let reject = cr.next().await.unwrap().unwrap();
+        assert!(matches!(
+            Frame::decode_body(reject).unwrap(),
+            Frame::Reject(r) if r.reason == RejectReason::Version
+        ));
+    }
+
     /// A node that advertises the other's address is refused whichever side dials; a node
     /// that reaches itself (same identity) is not.
     #[tokio::test]

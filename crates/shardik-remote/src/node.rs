@@ -738,6 +738,17 @@ pub(crate) async fn reply_sweeper(
 /// acceptor that refuses the certificate is heard of only in the first read of the protocol
 /// handshake, as an I/O error carrying the TLS alert: reported as the TLS failure it is.
 fn tls_alert(e: HandshakeError) -> HandshakeError {
+    // A plain node that dialed a TLS node reads the TLS alert's record header (content type
+    // 21 or 22, version 3.x) where it expects a frame length.
+    if let HandshakeError::Frame(crate::error::FrameError::TooLarge { len, .. }) = &e {
+        let [kind, major, ..] = (*len as u32).to_be_bytes();
+        if matches!(kind, 0x15 | 0x16) && major == 0x03 {
+            return HandshakeError::Tls(
+                "the peer answered with TLS: this node has no TLS configured (RemoteConfig::tls)"
+                    .into(),
+            );
+        }
+    }
     if let HandshakeError::Frame(crate::error::FrameError::Io(io)) = &e {
         if let Some(tls) = io
             .get_ref()
