@@ -504,21 +504,38 @@ impl<A: Actor> Cell<A> {
         }
     }
 
+    /// Handles a failure of `handle` or `terminated`: `Some(reason)` if the actor must stop
+    /// (it failed for good, or was told to stop before a restart; then it has no instance).
+    async fn after_failure(
+        &self,
+        st: &mut RunState<A>,
+        ctx: &mut Context<A>,
+        error: String,
+        stop_taken: bool,
+    ) -> Option<StopReason> {
+        match self.on_failure(st, ctx, error, stop_taken).await {
+            Err(reason) => Some(StopReason::Failed(reason)),
+            Ok(()) if st.actor.is_none() => Some(StopReason::Stopped),
+            Ok(()) => None,
+        }
+    }
+
     /// Handles a failure of `handle` or `terminated`. Err = must stop.
     async fn on_failure(
         &self,
         st: &mut RunState<A>,
         ctx: &mut Context<A>,
         error: String,
+        stop_taken: bool,
     ) -> Result<(), String> {
         match self.decide(st, error) {
             Decision::Resume => Ok(()),
             Decision::Stop(reason) => Err(reason),
             Decision::Restart(backoff) => {
                 self.discard_instance(st);
-                if self.back_off(backoff).await {
-                    // Stopped during the backoff: no new instance only to stop it (the run
-                    // loop takes the `Stop` before any further message).
+                if stop_taken || self.back_off(backoff).await {
+                    // Stopped before the restart: no new instance only to stop it. The caller
+                    // finds no instance and stops.
                     return Ok(());
                 }
                 self.start_incarnation(st, ctx).await
@@ -742,13 +759,19 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
             cold(cell.finish(st, &mut ctx, batch, StopReason::Failed(reason))).await;
             return;
         }
+        if st.actor.is_none() {
+            // Told to stop during a restart backoff of `started`.
+            cold(cell.finish(st, &mut ctx, batch, StopReason::Stopped)).await;
+            return;
+        }
     }
     let throughput = cell.settings.throughput();
     loop {
         let mut budget = throughput;
         loop {
             if cell.mailbox.system_pending() {
-                for sys in cell.mailbox.take_system() {
+                let mut system = cell.mailbox.take_system().into_iter();
+                while let Some(sys) = system.next() {
                     match sys {
                         SystemMessage::Stop => {
                             cold(cell.finish(st, &mut ctx, batch, StopReason::Stopped)).await;
@@ -763,9 +786,15 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                             };
                             let res = cold(guarded(actor.terminated(&mut ctx, t))).await;
                             if let Err(error) = res {
-                                let res = cold(cell.on_failure(&mut st, &mut ctx, error)).await;
-                                if let Err(reason) = res {
-                                    let reason = StopReason::Failed(reason);
+                                // A `Stop` already in hand (later in this batch of system
+                                // messages) must not let the actor restart first.
+                                let stop_taken = system
+                                    .as_slice()
+                                    .iter()
+                                    .any(|m| matches!(m, SystemMessage::Stop));
+                                let failed =
+                                    cell.after_failure(&mut st, &mut ctx, error, stop_taken);
+                                if let Some(reason) = cold(failed).await {
                                     cold(cell.finish(st, &mut ctx, batch, reason)).await;
                                     return;
                                 }
@@ -807,8 +836,8 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                 continue;
             };
             if let Err(error) = guarded(actor.handle(msg, &mut ctx)).await {
-                if let Err(reason) = cold(cell.on_failure(&mut st, &mut ctx, error)).await {
-                    let reason = StopReason::Failed(reason);
+                let failed = cell.after_failure(&mut st, &mut ctx, error, false);
+                if let Some(reason) = cold(failed).await {
                     cold(cell.finish(st, &mut ctx, batch, reason)).await;
                     return;
                 }

@@ -291,6 +291,126 @@ async fn a_stop_during_a_restart_backoff_stops_at_once_without_a_new_instance() 
     system.shutdown().await;
 }
 
+/// A `terminated` hook that fails, between two messages of a batch, while a stop is on its
+/// way: the actor stops (as `Stopped`) without a new instance, and the rest of the batch
+/// becomes dead letters instead of being handled by no instance.
+#[tokio::test]
+async fn a_stop_sent_while_a_failing_terminated_hook_runs_stops_the_actor() {
+    let system = ActorSystem::new("sup-hook-stop");
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let made = Arc::new(AtomicUsize::new(0));
+    let (open_item, item_gate) = tokio::sync::oneshot::channel();
+    let (open_hook, hook_gate) = tokio::sync::oneshot::channel();
+    let gates = Arc::new(parking_lot::Mutex::new((Some(item_gate), Some(hook_gate))));
+    let props = {
+        let made = made.clone();
+        Props::new(move || {
+            made.fetch_add(1, Ordering::SeqCst);
+            HookFails {
+                events: events_tx.clone(),
+                gates: gates.clone(),
+            }
+        })
+        .supervisor(restart(10))
+    };
+    let w = system.spawn_props(props);
+    let target = system.spawn(HookTarget);
+    w.tell(HookMsg::Watch(target.clone()));
+    assert_eq!(events.recv().await, Some("watching"));
+    // Three messages taken as one batch; the first waits for the test.
+    for block in [true, false, false] {
+        w.tell(HookMsg::Item { block });
+    }
+    assert_eq!(events.recv().await, Some("item"));
+    target.stop();
+    target.terminated().await;
+    open_item.send(()).unwrap();
+    // The notice is taken before the batch's second message; the hook waits for the test.
+    assert_eq!(events.recv().await, Some("in hook"));
+    w.stop();
+    open_hook.send(()).unwrap();
+    let t = tokio::time::timeout(Duration::from_secs(10), w.terminated())
+        .await
+        .expect("the actor terminates (it was stranded without an instance)");
+    assert_eq!(t.reason, StopReason::Stopped);
+    assert_eq!(
+        made.load(Ordering::SeqCst),
+        1,
+        "no new instance for a stopping actor"
+    );
+    assert_eq!(
+        system.dead_letters().total(),
+        2,
+        "the rest of the batch is dead letters"
+    );
+    assert!(
+        events.try_recv().is_err(),
+        "no message handled without an instance"
+    );
+    system.shutdown().await;
+}
+
+enum HookMsg {
+    Watch(ActorRef<()>),
+    Item { block: bool },
+}
+
+type Gates = (
+    Option<tokio::sync::oneshot::Receiver<()>>,
+    Option<tokio::sync::oneshot::Receiver<()>>,
+);
+
+struct HookFails {
+    events: tokio::sync::mpsc::UnboundedSender<&'static str>,
+    /// The first blocking item's gate, then the hook's.
+    gates: Arc<parking_lot::Mutex<Gates>>,
+}
+
+impl Actor for HookFails {
+    type Msg = HookMsg;
+    async fn handle(&mut self, msg: HookMsg, ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        match msg {
+            HookMsg::Watch(a) => {
+                ctx.watch(&a);
+                let _ = self.events.send("watching");
+            }
+            HookMsg::Item { block } => {
+                let _ = self.events.send("item");
+                let gate = if block {
+                    self.gates.lock().0.take()
+                } else {
+                    None
+                };
+                if let Some(gate) = gate {
+                    let _ = gate.await;
+                }
+            }
+        }
+        Ok(())
+    }
+    async fn terminated(
+        &mut self,
+        _ctx: &mut Context<Self>,
+        _t: shardik_actor::Terminated,
+    ) -> Result<(), ActorError> {
+        let _ = self.events.send("in hook");
+        let gate = self.gates.lock().1.take();
+        if let Some(gate) = gate {
+            let _ = gate.await;
+        }
+        Err("the watched actor is gone".into())
+    }
+}
+
+struct HookTarget;
+
+impl Actor for HookTarget {
+    type Msg = ();
+    async fn handle(&mut self, _msg: (), _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        Ok(())
+    }
+}
+
 /// Tells its owner how the watched actor ended.
 struct Watcher {
     target: ActorRef<Msg>,
