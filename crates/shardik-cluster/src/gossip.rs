@@ -323,7 +323,8 @@ impl Gossip {
         if self.version.max_counter() > LIMIT {
             return Err("the version has an impossible counter".into());
         }
-        Ok(())
+        let members: BTreeSet<&UniqueAddress> = self.members.keys().collect();
+        self.reachability.check_received(&members)
     }
 
     /// `true` if both states hold the same members, reachability and tombstones (whatever
@@ -443,6 +444,26 @@ mod tests {
         assert!(old.contains("up-number"), "{old}");
         let clock = broken(&|g| g.version.set(n(1).key(), u64::MAX));
         assert!(clock.contains("counter"), "{clock}");
+        let stranger = broken(&|g| {
+            g.reachability_mut().unreachable(&n(7), &n(1));
+        });
+        assert!(stranger.contains("not a member"), "{stranger}");
+        let ghost = broken(&|g| {
+            g.reachability_mut().unreachable(&n(0), &n(7));
+        });
+        assert!(ghost.contains("not a member"), "{ghost}");
+        let rows = broken(&|g| {
+            for _ in 0..3 {
+                g.reachability_mut().unreachable(&n(0), &n(1));
+                g.reachability_mut().reachable(&n(0), &n(1));
+            }
+            g.reachability_mut().set_version_for_test(&n(0), u64::MAX);
+        });
+        assert!(rows.contains("version"), "{rows}");
+        // A flag between members is fine.
+        let mut flagged = good.clone();
+        flagged.reachability_mut().unreachable(&n(0), &n(1));
+        assert_eq!(flagged.check_received(), Ok(()));
     }
 
     /// A join beside a stored member that cannot go down (which only a state that failed the

@@ -36,7 +36,7 @@ impl Reachability {
     pub fn unreachable(&mut self, observer: &UniqueAddress, subject: &UniqueAddress) -> bool {
         let rows = self.observers.entry(observer.clone()).or_default();
         if rows.unreachable.insert(subject.clone()) {
-            rows.version += 1;
+            rows.version = rows.version.saturating_add(1);
             true
         } else {
             false
@@ -49,7 +49,7 @@ impl Reachability {
             return false;
         };
         if rows.unreachable.remove(subject) {
-            rows.version += 1;
+            rows.version = rows.version.saturating_add(1);
             true
         } else {
             false
@@ -111,6 +111,32 @@ impl Reachability {
         self.observers
             .iter()
             .flat_map(|(o, r)| r.unreachable.iter().map(move |s| (o, s)))
+    }
+
+    /// Checks a table received from another node: every observer and subject is one of
+    /// `members` (rows of others are dropped when a member is removed, and a row that no one
+    /// clears would block convergence for good) and no version is near overflow.
+    pub fn check_received(&self, members: &BTreeSet<&UniqueAddress>) -> Result<(), String> {
+        for (o, rows) in &self.observers {
+            if !members.contains(o) {
+                return Err(format!("reachability rows of {o}, not a member"));
+            }
+            if rows.version > u64::MAX / 4 {
+                return Err(format!(
+                    "reachability rows of {o} with an impossible version"
+                ));
+            }
+            if let Some(s) = rows.unreachable.iter().find(|s| !members.contains(s)) {
+                return Err(format!("{o} flags {s}, not a member"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the version of `observer`'s rows (tests that build states no node authors).
+    #[cfg(test)]
+    pub(crate) fn set_version_for_test(&mut self, observer: &UniqueAddress, version: u64) {
+        self.observers.entry(observer.clone()).or_default().version = version;
     }
 
     /// The rows of one observer.
