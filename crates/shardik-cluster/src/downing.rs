@@ -182,10 +182,15 @@ pub fn decide(
     }
     let indirect = indirectly_connected(gossip, &records);
     let cover = cover(gossip, &records, &indirect);
-    // The clean picture: flags between nodes that are not indirectly connected.
+    // The clean picture: the flags left once the cover is downed. Every flag between two
+    // indirectly connected nodes touches the cover, so what is left is about real
+    // unreachability; it includes flags about (or by) indirectly connected nodes the cover
+    // keeps: such a node, flagged by this side after a partition, is on the other side,
+    // not on this one (counting it here let both sides of a partition that cut across a
+    // broken link win).
     let clean: BTreeSet<UniqueAddress> = records
         .iter()
-        .filter(|(o, s)| !indirect.contains(*o) && !indirect.contains(*s))
+        .filter(|(o, s)| !cover.contains(*o) && !cover.contains(*s))
         .map(|(_, s)| (*s).clone())
         .collect();
     let sides = Sides::new(gossip, self_node, &clean, &cover);

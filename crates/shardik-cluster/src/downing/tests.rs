@@ -253,6 +253,7 @@ mod split_safety {
             changes in proptest::collection::vec((0u8..5, 0u8..9, 0u8..8), 0..3),
             sides in proptest::collection::vec(0u8..3, 9),
             strategy in strategy(),
+            broken in proptest::option::of((0u8..9, 0u8..9)),
         ) {
             // the agreed base state: `up` members moved up, some leaving or exiting,
             // `joining` more joining
@@ -271,6 +272,19 @@ mod split_safety {
                 base.add_joining(n(up + j), BTreeSet::new()).unwrap();
             }
             let known = up + joining;
+            // Before the partition, maybe a broken link (both ends flag each other), seen by
+            // everyone: the partition may cut across it.
+            if let Some((a, b)) = broken {
+                let (a, b) = (n(a % known), n(b % known));
+                if a != b {
+                    base.reachability_mut().unreachable(&a, &b);
+                    base.reachability_mut().unreachable(&b, &a);
+                    base.touch(&a);
+                    for m in base.members().map(|m| m.node.clone()).collect::<Vec<_>>() {
+                        base.mark_seen(&m);
+                    }
+                }
+            }
             let mut views = [base.clone(), base.clone(), base.clone()];
             for (next_new, (kind, who, mask)) in (20u8..).zip(changes) {
                 let target = n(who % known);
@@ -330,7 +344,11 @@ mod split_safety {
                 }
                 let c = cfg(strategy.clone());
                 if let Some(d) = decide(&g, decider, stable(), &c) {
-                    if d.kind == DecisionKind::DownUnreachable {
+                    // A side goes on if it keeps itself and some of its members (the cover
+                    // of a broken link may down the decider itself, or the whole side).
+                    if d.kind == DecisionKind::DownUnreachable
+                        && mine.iter().any(|m| !d.down.contains(m))
+                    {
                         going_on.push(v);
                     }
                 }
@@ -524,4 +542,37 @@ fn broken_link_inside_one_side_of_a_partition_is_decided_on_the_clean_rest() {
     // that n0 (lowest address) wins
     assert_eq!(d.kind, DecisionKind::DownUnreachable);
     assert_eq!(d.down, set(&[2, 3, 4]));
+}
+
+/// A broken link, then a partition that cuts across it: 0 <-> 2 broke (both ends flagged
+/// each other, and everyone saw it), then {0, 1} | {2, 3, 4}. The cover downs 2 on both
+/// sides; 0, kept by the cover, must count where it really is. Only one side may go on.
+#[test]
+fn a_partition_across_a_broken_link_lets_only_one_side_go_on() {
+    let mut g = cluster(5);
+    g.reachability_mut().unreachable(&n(0), &n(2));
+    g.reachability_mut().unreachable(&n(2), &n(0));
+    g.touch(&n(0));
+    for i in 0..5 {
+        g.mark_seen(&n(i));
+    }
+    let c = cfg(Strategy::KeepMajority);
+    let left = split(&g, &[0, 1], &[2, 3, 4]);
+    let right = split(&g, &[2, 3, 4], &[0, 1]);
+    let goes_on = |g: &Gossip, me: u8| {
+        let d = decide_on(g, me, &c);
+        !d.down.contains(&n(me))
+    };
+    let left_on = goes_on(&left, 0) && goes_on(&left, 1);
+    let right_on = [3, 4].iter().all(|&me| goes_on(&right, me));
+    assert!(
+        !(left_on && right_on),
+        "both sides go on: left downs {:?}, right downs {:?}",
+        decide_on(&left, 0, &c).down,
+        decide_on(&right, 3, &c).down
+    );
+    assert!(left_on || right_on, "neither side goes on");
+    // Each side's members agree with each other.
+    assert_eq!(decide_on(&left, 0, &c).down, decide_on(&left, 1, &c).down);
+    assert_eq!(decide_on(&right, 3, &c).down, decide_on(&right, 4, &c).down);
 }
