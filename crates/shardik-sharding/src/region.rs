@@ -64,6 +64,11 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// if the shard is not stopping.
     fn force_stop_shard(&self, shard: ShardId, unhandled: Unhandled<M>);
 
+    /// Calls off a [`stop_shard`](Self::stop_shard) (and a force stop) of `shard` whose
+    /// `done` nobody waits for (the fence's): the shard is hosted again. Entities still
+    /// stopping end as usual, and a new incarnation takes what they had not handled.
+    fn cancel_stop(&self, shard: ShardId);
+
     /// Starts entity `id` of `shard` without a message if it has no incarnation (remembered
     /// entities on a new home). The caller hosts the shard.
     fn start_entity(&self, shard: ShardId, id: &str);
@@ -550,7 +555,9 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
             if shard >= self.shard_count || !stopping.contains_key(&shard) {
                 return;
             }
-            self.forced.lock().insert(shard, unhandled);
+            // A shard force-stopped twice (a hand-off's timeout, a fence) keeps the first
+            // destination: both lead the messages back through the region's state machine.
+            self.forced.lock().entry(shard).or_insert(unhandled);
         }
         let told = self.shards[shard as usize].lock().force_stop();
         tracing::warn!(
@@ -566,6 +573,12 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
             }
         }
         self.check_stopping(shard);
+    }
+
+    fn cancel_stop(&self, shard: ShardId) {
+        let mut stopping = self.stopping.lock();
+        self.forced.lock().remove(&shard);
+        stopping.remove(&shard);
     }
 
     fn start_entity(&self, shard: ShardId, id: &str) {

@@ -86,35 +86,10 @@ async fn a_fenced_node_stops_a_busy_entity_after_its_current_message() {
     let faults = FaultInjector::new();
     let reg = Arc::new(Registry::default());
     let nodes = cluster_with(3, 12, &reg, Some(&faults)).await;
-    let mut busy = None;
-    for i in 0..100 {
-        let id = format!("e{i}");
-        if where_is(&nodes[0], &id).await == "n2" {
-            busy = Some(id);
-            break;
-        }
-    }
-    let busy = busy.expect("an entity hosted on n2");
+    let busy = entity_on(&nodes[0], "n2").await;
     // 400 messages of 50 ms each: a 20 s backlog.
-    for seq in 0..400 {
-        nodes[2].region.tell(
-            &busy,
-            Msg::Slow {
-                sender: 9,
-                seq,
-                ms: 50,
-            },
-        );
-    }
-    let handled = || reg.journal.lock().get(&busy).map_or(0, Vec::len);
-    poll("the busy entity works", Duration::from_secs(5), || {
-        handled() > 0
-    })
-    .await;
-    for other in ["n0", "n1"] {
-        faults.cut_both("n2", other);
-    }
-    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    fence_n2_while_busy(&nodes, &faults, &reg, &busy, 400, 50).await;
+    let handled = || handled(&reg, &busy);
     let at_fence = handled();
     poll("n2's entities stopped", Duration::from_secs(5), || {
         nodes[2].hosted().is_empty()
@@ -129,4 +104,82 @@ async fn a_fenced_node_stops_a_busy_entity_after_its_current_message() {
     reg.assert_ordered(&busy, &[9]);
     reg.assert_single_writer();
     stop_all(&nodes).await;
+}
+
+/// A partition that heals before anyone is downed: the fenced node stops its busy entity at
+/// once, holds what it had not handled ahead of what arrives meanwhile, and after the fence is
+/// lifted the entity handles every message exactly once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_healed_partition_held_messages_are_handled_once_in_order() {
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    // Downing waits long enough for the partition to heal first, on any machine.
+    let tune = |c: shardik_cluster::runtime::ClusterConfig| c.stable_after(Duration::from_secs(20));
+    let nodes = cluster_tuned(3, 12, &reg, Some(&faults), &|t| t, &tune).await;
+    let busy = entity_on(&nodes[0], "n2").await;
+    let region = &nodes[2].region;
+    fence_n2_while_busy(&nodes, &faults, &reg, &busy, 40, 20).await;
+    let handled = || handled(&reg, &busy);
+    // Held while fenced, behind what the stopped entity had not handled.
+    for seq in 40..60 {
+        region.tell(&busy, Msg::Add { sender: 9, seq });
+    }
+    poll("n2's entities stopped", Duration::from_secs(5), || {
+        nodes[2].hosted().is_empty()
+    })
+    .await;
+    faults.heal_all();
+    wait_state(&nodes[2].cluster, "n2 unfenced", |s| !s.fenced).await;
+    for seq in 60..70 {
+        region.tell(&busy, Msg::Add { sender: 9, seq });
+    }
+    poll("every message handled", Duration::from_secs(20), || {
+        handled() >= 70
+    })
+    .await;
+    reg.assert_stream(&busy, &[9], 70);
+    reg.assert_single_writer();
+    for n in &nodes {
+        assert_eq!(n.cluster.state().stopped, None, "nobody was downed");
+    }
+    stop_all(&nodes).await;
+}
+
+/// The id of an entity hosted on node `name` (asked through `via`).
+async fn entity_on(via: &Node, name: &str) -> String {
+    for i in 0..100 {
+        let id = format!("e{i}");
+        if where_is(via, &id).await == name {
+            return id;
+        }
+    }
+    panic!("no entity of e0..e99 is hosted on {name}");
+}
+
+/// Messages `busy` (hosted on n2) handled so far.
+fn handled(reg: &Registry, busy: &str) -> usize {
+    reg.journal.lock().get(busy).map_or(0, Vec::len)
+}
+
+/// Gives `busy` (hosted on n2) a backlog of `n` messages of `ms` each, waits until it works on
+/// them, then cuts n2 off from the others and waits until n2 is fenced.
+async fn fence_n2_while_busy(
+    nodes: &[Node],
+    faults: &FaultInjector,
+    reg: &Registry,
+    busy: &str,
+    n: u64,
+    ms: u64,
+) {
+    for seq in 0..n {
+        nodes[2].region.tell(busy, Msg::Slow { sender: 9, seq, ms });
+    }
+    poll("the busy entity works", Duration::from_secs(5), || {
+        handled(reg, busy) > 0
+    })
+    .await;
+    for other in ["n0", "n1"] {
+        faults.cut_both("n2", other);
+    }
+    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
 }

@@ -53,6 +53,7 @@ impl<M: Send + 'static> ShardHost<M> for NoHost<M> {
         done();
     }
     fn force_stop_shard(&self, _shard: ShardId, _unhandled: crate::region::Unhandled<M>) {}
+    fn cancel_stop(&self, _shard: ShardId) {}
     fn start_entity(&self, _shard: ShardId, _id: &str) {}
     fn deliver_new(&self, shard: ShardId, id: &str, msg: M) -> (bool, Result<(), TellError<M>>) {
         (false, self.deliver(shard, id, msg))

@@ -684,12 +684,20 @@ where
             }
         }
         self.node_stopped();
-        // Messages of fenced entities still on their way are dead letters now.
+        // Unhandled messages of stopped entities still on their way are dead letters now.
         while let Ok(ev) = rx.try_recv() {
-            if let RegionEvent::FencedUnhandled(_, id, msgs) = ev {
-                for _ in msgs {
-                    self.dead_letter(&id, "node stopped while fenced");
+            match ev {
+                RegionEvent::FencedUnhandled(_, id, msgs) => {
+                    for _ in msgs {
+                        self.dead_letter(&id, "node stopped while fenced");
+                    }
                 }
+                RegionEvent::Unhandled(_, envelopes) => {
+                    for env in envelopes {
+                        self.dead_letter(&env.entity_id, "cluster node stopped");
+                    }
+                }
+                RegionEvent::ShardStopped(_) => {}
             }
         }
     }
@@ -804,10 +812,28 @@ where
                         }
                     }
                 }
-                for (shard, id, msg) in held {
-                    if self.deliver_here(shard, &id, msg).is_err() {
-                        self.dead_letter(&id, "entity refused the message");
+                // A shard still hosted here hosts again: the fence's stop of its entities is
+                // called off (those still ending come back with what they had not handled).
+                // A shard that began a hand-off meanwhile keeps stopping.
+                for shard in g.state.hosted_shards() {
+                    if g.state.shard_view(shard) == ShardView::Local {
+                        self.local.cancel_stop(shard);
                     }
+                }
+                // Held messages go through the state machine, per shard in order: to the
+                // entity here if the shard is still hosted here, with the shard otherwise
+                // (a hand-off that began meanwhile, or a shard that moved), never to an
+                // entity started here for a shard this node no longer owns.
+                let mut by_shard: Vec<(ShardId, Vec<Envelope<M>>)> = Vec::new();
+                for (shard, id, msg) in held {
+                    let env = Envelope::new(&id, shard, msg);
+                    match by_shard.iter_mut().find(|(s, _)| *s == shard) {
+                        Some((_, envelopes)) => envelopes.push(env),
+                        None => by_shard.push((shard, vec![env])),
+                    }
+                }
+                for (shard, envelopes) in by_shard {
+                    self.handle_locked(&mut g, RegionInput::Unhandled { shard, envelopes });
                 }
             }
             _ => {}
@@ -825,8 +851,9 @@ where
             }
             return;
         }
+        let local = g.state.shard_view(shard) == ShardView::Local;
         match &mut g.fenced {
-            Some(held) => {
+            Some(held) if local => {
                 // Accepted before the fence: kept even past the held buffer's bound.
                 let at = held
                     .iter()
@@ -835,12 +862,14 @@ where
                 let owned: String = id.to_string();
                 held.splice(at..at, msgs.into_iter().map(|m| (shard, owned.clone(), m)));
             }
-            None => {
-                for msg in msgs {
-                    if self.deliver_here(shard, id, msg).is_err() {
-                        self.dead_letter(id, "entity refused the message");
-                    }
-                }
+            // Not fenced any more, or the shard is being handed off or has moved: through
+            // the state machine, like the unhandled messages of a hand-off.
+            _ => {
+                let envelopes = msgs
+                    .into_iter()
+                    .map(|m| Envelope::new(id, shard, m))
+                    .collect();
+                self.handle_locked(&mut g, RegionInput::Unhandled { shard, envelopes });
             }
         }
     }

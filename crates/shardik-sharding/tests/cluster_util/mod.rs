@@ -265,7 +265,19 @@ async fn faulty_member(
     seed: Option<&str>,
     faults: Option<&FaultInjector>,
 ) -> (ActorSystem, Cluster, ClusterSharding) {
-    let mut c = config(id);
+    faulty_member_tuned(id, seed, faults, &|c| c).await
+}
+
+/// How a test changes the cluster configuration of its nodes.
+pub type Tune = dyn Fn(ClusterConfig) -> ClusterConfig + Sync;
+
+async fn faulty_member_tuned(
+    id: &str,
+    seed: Option<&str>,
+    faults: Option<&FaultInjector>,
+    tune: &Tune,
+) -> (ActorSystem, Cluster, ClusterSharding) {
+    let mut c = tune(config(id));
     if let Some(f) = faults {
         c = c.faults(f.clone());
     }
@@ -287,7 +299,20 @@ pub async fn start_node_configured(
     faults: Option<&FaultInjector>,
     configure: &Configure,
 ) -> Node {
-    let (system, cluster, sharding) = faulty_member(id, seed, faults).await;
+    start_node_tuned(id, seed, shards, reg, faults, configure, &|c| c).await
+}
+
+/// [`start_node_configured`] with the cluster configuration changed by `tune`.
+pub async fn start_node_tuned(
+    id: &str,
+    seed: Option<&str>,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    configure: &Configure,
+    tune: &Tune,
+) -> Node {
+    let (system, cluster, sharding) = faulty_member_tuned(id, seed, faults, tune).await;
     let node = id.to_string();
     let r = reg.clone();
     let region = sharding
@@ -385,12 +410,25 @@ pub async fn cluster_configured(
     faults: Option<&FaultInjector>,
     configure: &Configure,
 ) -> Vec<Node> {
-    let first = start_node_configured("n0", None, shards, reg, faults, configure).await;
+    cluster_tuned(n, shards, reg, faults, configure, &|c| c).await
+}
+
+/// [`cluster_configured`] with every node's cluster configuration changed by `tune`.
+pub async fn cluster_tuned(
+    n: usize,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    configure: &Configure,
+    tune: &Tune,
+) -> Vec<Node> {
+    let first = start_node_tuned("n0", None, shards, reg, faults, configure, tune).await;
     let seed = first.id().address.clone();
     let mut nodes = vec![first];
     for i in 1..n {
         let id = format!("n{i}");
-        nodes.push(start_node_configured(&id, Some(&seed), shards, reg, faults, configure).await);
+        let node = start_node_tuned(&id, Some(&seed), shards, reg, faults, configure, tune);
+        nodes.push(node.await);
     }
     all_up(&nodes).await;
     registered(&nodes[0], n).await;
