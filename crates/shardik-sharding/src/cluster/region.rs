@@ -72,6 +72,8 @@ struct Inner<M> {
     coord_ref: Option<RemoteRef<CoordWire>>,
     peers: HashMap<RegionId, RemoteRef<PeerWire<M>>>,
     gone: BTreeSet<RegionId>,
+    /// Nodes this region has seen as members (so one missing from a later view has left).
+    seen: BTreeSet<UniqueAddress>,
     out: Vec<RegionAction<M>>,
     /// Set while this node is fenced: messages for its hosted shards wait here, in order,
     /// and no entity runs (see `on_fence`).
@@ -79,6 +81,9 @@ struct Inner<M> {
     buffer_limit: usize,
     /// Envelopes a peer's full queue handed back during the current `execute`.
     refused: Vec<Envelope<M>>,
+    /// Fences a peer's full queue refused, sent again on every tick: a fence may not be
+    /// dropped (the shard's owner waits for it before it hands the shard on).
+    unsent_fences: Vec<(RegionId, PeerWire<M>)>,
 }
 
 pub(crate) struct ClusterRegion<M> {
@@ -203,10 +208,12 @@ where
                 coord_ref: None,
                 peers: HashMap::new(),
                 gone: BTreeSet::new(),
+                seen: BTreeSet::new(),
                 out: Vec::new(),
                 fenced: None,
                 buffer_limit,
                 refused: Vec::new(),
+                unsent_fences: Vec::new(),
             }),
             events,
             coordinator,
@@ -533,6 +540,15 @@ where
                                 msg: PeerMsg::Deliver(env),
                                 ..
                             }) => g.refused.push(env),
+                            Some(
+                                fence @ PeerWire {
+                                    msg: PeerMsg::Fence { .. },
+                                    ..
+                                },
+                            ) => {
+                                tracing::warn!(entity_type = %self.type_name, region = %to, "fence not sent (the peer's queue is full): sent again on the next tick");
+                                g.unsent_fences.push((to.clone(), fence));
+                            }
                             _ => self.system().record_dead_letter(
                                 &format_args!("{}{}", region_addr(&to), peer_path(&self.type_name)),
                                 std::any::type_name::<M>(),
@@ -654,6 +670,7 @@ where
                 _ = ticks.tick() => {
                     self.on_membership(None);
                     self.input(RegionInput::Tick);
+                    self.resend_fences();
                 }
                 ev = rx.recv() => match ev {
                     Some(RegionEvent::ShardStopped(shard)) => {
@@ -752,13 +769,26 @@ where
             }
             let just_gone = gone.as_ref().map(region_id);
             candidates.extend(just_gone.clone());
+            for m in &state.members {
+                g.seen.insert(m.node.clone());
+            }
             for r in candidates {
                 if g.gone.contains(&r) || r == self.self_id {
                     continue;
                 }
+                // A node missing from this view is gone only if this region saw it before
+                // (or a newer process of it): a home on a node that joined after this
+                // view was taken (gossip lags the coordinator) is not stale, and being
+                // marked gone is for good.
                 let gone = just_gone.as_ref() == Some(&r)
-                    || super::wire::region_node(&r).is_none_or(|n| is_gone(&state, &n));
+                    || super::wire::region_node(&r).is_none_or(|n| match state.member(&n) {
+                        Some(_) => is_gone(&state, &n),
+                        None => g.seen.contains(&n) || is_replaced(&state, &n),
+                    });
                 if gone {
+                    if let Some(n) = super::wire::region_node(&r) {
+                        g.seen.remove(&n);
+                    }
                     g.gone.insert(r.clone());
                     g.peers.remove(&r);
                     inputs.push(RegionInput::RegionDown(r));
@@ -837,6 +867,30 @@ where
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Sends again the fences a full peer queue refused (in order, behind what was queued
+    /// to that peer before them).
+    fn resend_fences(&self) {
+        let mut g = self.inner.lock();
+        if g.unsent_fences.is_empty() {
+            return;
+        }
+        let unsent = std::mem::take(&mut g.unsent_fences);
+        for (to, fence) in unsent {
+            if g.gone.contains(&to) {
+                continue; // the owner is gone: nobody waits for this fence any more
+            }
+            let Some(r) = g.peers.get(&to) else { continue };
+            if let Err(refused) = r.try_send(fence) {
+                match refused.msg {
+                    Some(fence) => g.unsent_fences.push((to, fence)),
+                    None => {
+                        tracing::error!(entity_type = %self.type_name, region = %to, "fence not encodable: {}", refused.error)
+                    }
+                }
+            }
         }
     }
 
