@@ -601,6 +601,12 @@ impl<A: Actor> Cell<A> {
             if let Err(panic) = res {
                 tracing::error!(actor = %self.label(), panic = %panic_message(&*panic), "stopped hook panicked");
             }
+            // Timers the hook itself started die with the actor too.
+            if let Some(x) = self.extras.lock().as_mut() {
+                for (_, timer) in x.timers.drain() {
+                    timer.abort();
+                }
+            }
         }
         drop(st);
 

@@ -41,7 +41,9 @@ impl MailboxConfig {
     fn capacity(&self) -> Option<usize> {
         match self {
             MailboxConfig::Unbounded => None,
-            MailboxConfig::Bounded { capacity, .. } => Some(*capacity),
+            // At least 1, also when the fields were set by hand (as `bounded` does): a
+            // capacity of 0 would refuse everything and leave `send` waiting for ever.
+            MailboxConfig::Bounded { capacity, .. } => Some((*capacity).max(1)),
         }
     }
 }
@@ -101,21 +103,23 @@ impl<M> Lanes<M> {
     }
 
     /// Removes the oldest message (not a stop marker) to make room.
+    /// Drops the oldest plain user message. Termination notices (`watch_with`) and the stop
+    /// marker are never dropped: each watch is owed its notice.
     fn drop_oldest(&mut self) -> Option<M> {
-        if matches!(self.first, Some(Envelope::User(_) | Envelope::Watched(..))) {
+        if matches!(self.first, Some(Envelope::User(_))) {
             let old = self.first.take();
             self.first = self.user.pop_front();
             return match old {
-                Some(Envelope::User(m) | Envelope::Watched(_, m)) => Some(m),
+                Some(Envelope::User(m)) => Some(m),
                 _ => None,
             };
         }
         let pos = self
             .user
             .iter()
-            .position(|e| !matches!(e, Envelope::GracefulStop))?;
+            .position(|e| matches!(e, Envelope::User(_)))?;
         match self.user.remove(pos) {
-            Some(Envelope::User(m) | Envelope::Watched(_, m)) => Some(m),
+            Some(Envelope::User(m)) => Some(m),
             _ => None,
         }
     }
@@ -219,9 +223,10 @@ impl<M> Mailbox<M> {
         self.push_user(None, msg, false)
     }
 
-    /// Queues a `watch_with` notice about the watched actor `of`, like [`push`](Self::push).
+    /// Queues a `watch_with` notice about the watched actor `of`, even if a bounded mailbox
+    /// is full: every watch gets its one notice (refused only once the mailbox is closed).
     pub(crate) fn push_watched(&self, of: ActorId, msg: M) -> Result<Pushed<M>, TellError<M>> {
-        self.push_user(Some(of), msg, true)
+        self.push_user(Some(of), msg, false)
     }
 
     fn push_user(
@@ -433,6 +438,37 @@ mod tests {
         mb.push(2).ok();
         assert!(matches!(mb.push(3), Ok(Pushed::DroppedOldest(1))));
         assert_eq!(messages(mb.close()), vec![2, 3]);
+    }
+
+    /// A `watch_with` notice is owed to its watch: a full bounded mailbox takes it anyway, and
+    /// `DropOldest` never evicts it.
+    #[test]
+    fn termination_notices_are_neither_refused_nor_evicted() {
+        let who = crate::actor::ActorId(7);
+        let mb = Mailbox::new(&MailboxConfig::bounded(1));
+        mb.push(1).ok();
+        assert!(mb.push_watched(who, 9).is_ok());
+        assert_eq!(messages(mb.close()), vec![1, 9]);
+        let mb = Mailbox::new(&MailboxConfig::Bounded {
+            capacity: 2,
+            overflow: OverflowPolicy::DropOldest,
+        });
+        assert!(mb.push_watched(who, 9).is_ok());
+        mb.push(1).ok();
+        assert!(matches!(mb.push(2), Ok(Pushed::DroppedOldest(1))));
+        assert!(matches!(mb.push(3), Ok(Pushed::DroppedOldest(2))));
+        assert_eq!(messages(mb.close()), vec![9, 3]);
+    }
+
+    /// A capacity of 0 set by hand counts as 1 (it would refuse everything).
+    #[test]
+    fn a_zero_capacity_holds_one_message() {
+        let mb = Mailbox::new(&MailboxConfig::Bounded {
+            capacity: 0,
+            overflow: OverflowPolicy::DropNewest,
+        });
+        assert!(matches!(mb.push(1), Ok(Pushed::First)));
+        assert!(matches!(mb.push(2), Err(TellError::MailboxFull(2))));
     }
 
     #[test]

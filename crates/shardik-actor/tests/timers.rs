@@ -205,3 +205,27 @@ async fn timers_of_a_failed_incarnation_are_cancelled_on_restart() {
     );
     system.shutdown().await;
 }
+
+/// A timer that the `stopped` hook itself starts is cancelled with the actor: no tick turns
+/// into a dead letter afterwards.
+#[tokio::test(start_paused = true)]
+async fn a_timer_started_by_the_stopped_hook_dies_with_the_actor() {
+    struct LateTicker;
+    impl Actor for LateTicker {
+        type Msg = ();
+        async fn handle(&mut self, _msg: (), _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+            Ok(())
+        }
+        async fn stopped(&mut self, ctx: &mut Context<Self>) {
+            ctx.schedule_periodic(Duration::from_millis(10), || ());
+        }
+    }
+    let system = ActorSystem::new("late-ticker");
+    let actor = system.spawn(LateTicker);
+    actor.stop();
+    actor.terminated().await;
+    // On the paused clock: a second of ticks, had the timer survived.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(system.dead_letters().total(), 0);
+    system.shutdown().await;
+}
