@@ -25,7 +25,7 @@ use super::wire::{
     region_addr, region_control_path, region_node, CoordWire, ReplicaAck, ReplicaReq, REPLICA_PATH,
 };
 use crate::coordination::{
-    Action, Coordinator, CoordinatorConfig, CoordinatorState, Epoch, Input, RegionId,
+    next_epoch, Action, Coordinator, CoordinatorConfig, CoordinatorState, Epoch, Input, RegionId,
     ToCoordinator, ToRegion, Version,
 };
 
@@ -385,7 +385,7 @@ impl CoordinatorDriver {
             .max_by_key(|s| (s.epoch, s.version))
             .cloned()
             .unwrap_or_else(|| CoordinatorState::new(self.config.shard_count));
-        let epoch = best.epoch + 1;
+        let epoch = next_epoch(best.epoch, node_tag(self.ctx.cluster.self_node()));
         match Coordinator::recover(self.config.clone(), best.clone(), epoch) {
             Ok((coord, actions)) => {
                 self.recovery = None;
@@ -663,4 +663,23 @@ impl Active {
         // Acks of members that are gone no longer count; a smaller quorum may be complete.
         self.check_persisted(ctx);
     }
+}
+
+/// A stable 16-bit-or-more tag of `node` for [`next_epoch`] (FNV-1a over its address, id and
+/// incarnation: the same on every run, unlike std's seeded hasher).
+fn node_tag(node: &UniqueAddress) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let inc = node.incarnation.to_be_bytes();
+    for b in node
+        .address
+        .bytes()
+        .chain([0u8])
+        .chain(node.node_id.bytes())
+        .chain([0u8])
+        .chain(inc)
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }

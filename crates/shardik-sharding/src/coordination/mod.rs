@@ -96,8 +96,8 @@ pub use coordinator::{
     Action, Coordinator, CoordinatorConfig, CoordinatorStats, HandOffInfo, Input, RecoverError,
 };
 pub use protocol::{
-    Envelope, Epoch, FencingToken, HandOffId, PeerMsg, RegionId, RegisterError, ToCoordinator,
-    ToRegion, Version,
+    epoch_round, next_epoch, Envelope, Epoch, FencingToken, HandOffId, PeerMsg, RegionId,
+    RegisterError, ToCoordinator, ToRegion, Version, EPOCH_TAG_BITS,
 };
 pub use rebalance::{plan_rebalance, round_limit, Move};
 pub use region::{

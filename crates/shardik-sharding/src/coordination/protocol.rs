@@ -31,7 +31,28 @@ impl fmt::Display for RegionId {
 }
 
 /// A coordinator incarnation. Bumped (and persisted) by every coordinator that takes over.
+///
+/// In a cluster an epoch is a *round* (the upper 48 bits, one more than the highest round
+/// the new coordinator read) and a *tag* of the coordinator's node (the lower 16 bits), see
+/// [`next_epoch`]: two nodes that take over at once from the same state (views that disagree
+/// for a moment) get different epochs, so the replicas fence the lower one.
 pub type Epoch = u64;
+
+/// Bits of an [`Epoch`] that tag the coordinator's node.
+pub const EPOCH_TAG_BITS: u32 = 16;
+
+/// The round of `epoch` (see [`Epoch`]).
+pub fn epoch_round(epoch: Epoch) -> u64 {
+    epoch >> EPOCH_TAG_BITS
+}
+
+/// The epoch of a coordinator that takes over after reading `read`: the next round, tagged
+/// with `tag` (a hash of the coordinator's node). Always above `read`. Two coordinators get
+/// equal epochs only if their tags collide (1 in 65 536 for distinct nodes).
+pub fn next_epoch(read: Epoch, tag: u64) -> Epoch {
+    let mask = (1u64 << EPOCH_TAG_BITS) - 1;
+    ((epoch_round(read) + 1) << EPOCH_TAG_BITS) | (tag & mask)
+}
 
 /// The version of the coordinator state: bumped by every [`StateUpdate`](super::StateUpdate).
 pub type Version = u64;
@@ -273,4 +294,23 @@ pub enum PeerMsg<M> {
         /// The shard.
         shard: ShardId,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Epochs of coordinators that take over from the same state differ (by their tags) and
+    /// are above it; the next takeover is a round above both.
+    #[test]
+    fn takeovers_from_one_state_get_distinct_increasing_epochs() {
+        let read = next_epoch(0, 7);
+        assert_eq!(epoch_round(read), 1);
+        let (a, b) = (next_epoch(read, 1), next_epoch(read, 2));
+        assert!(a > read && b > read && a != b);
+        assert_eq!((epoch_round(a), epoch_round(b)), (2, 2));
+        assert!(next_epoch(a.max(b), 0) > a.max(b));
+        // Only the low bits of the tag count.
+        assert_eq!(next_epoch(read, 1), next_epoch(read, 1 | (1 << 40)));
+    }
 }
