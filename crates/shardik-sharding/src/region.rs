@@ -277,7 +277,7 @@ impl<A: Actor> LocalRegion<A> {
         };
         let mut victims = Vec::new();
         let mut respawn = !self.system.is_shutting_down();
-        let (after, unhandled) = {
+        let (after, unhandled, handing) = {
             let mut state = self.shards[shard as usize].lock();
             // A force-stopped shard's entities are not started again here: what they had not
             // handled goes with the shard to its next home. Read under the shard's lock:
@@ -314,7 +314,7 @@ impl<A: Actor> LocalRegion<A> {
                     AfterStop::Stale => {}
                 }
             }
-            (after, unhandled)
+            (after, unhandled, handing)
         };
         self.passivate_victims(victims);
         let dropped = match after {
@@ -324,7 +324,8 @@ impl<A: Actor> LocalRegion<A> {
         };
         let dropped = match unhandled {
             // Handed on before the shard can be reported stopped (`handing_on`).
-            Some(unhandled) if !dropped.is_empty() && !self.system.is_shutting_down() => {
+            // The same decision as the count above (shutdown may start in between).
+            Some(unhandled) if handing => {
                 unhandled(id.clone(), dropped);
                 let mut handing_on = self.handing_on.lock();
                 if let Some(n) = handing_on.get_mut(&shard) {
