@@ -565,7 +565,7 @@ impl<A: Actor> Cell<A> {
                 std::mem::take(&mut x.watching),
             )
         });
-        let undelivered: Vec<A::Msg> = leftovers
+        let mut undelivered: Vec<A::Msg> = leftovers
             .into_iter()
             .filter_map(|e| match e {
                 Envelope::User(m) => Some(m),
@@ -574,6 +574,15 @@ impl<A: Actor> Cell<A> {
                 Envelope::GracefulStop => None,
             })
             .collect();
+        // Without a termination hook the leftovers are dead letters: they go now, before the
+        // children are awaited, so that a child waiting on an ask queued here learns at once
+        // (its `ReplyTo` is dropped) instead of holding the stop up until its timeout.
+        if self.settings.on_termination().is_none() {
+            for msg in undelivered.drain(..) {
+                drop(msg);
+                self.dead_letter(DeadReason::UnhandledAtStop);
+            }
+        }
         for (_, target) in watching {
             if let Some(target) = target.upgrade() {
                 target.remove_watcher(self.id);

@@ -193,3 +193,76 @@ async fn shutdown_stops_children_before_parents() {
         );
     }
 }
+
+/// A child waiting on a request that sits in its stopping parent's mailbox learns at once
+/// that no answer will come (the parent has no termination hook: the request is a dead letter
+/// and its `ReplyTo` is dropped), so the parent's stop, which waits for its children, is not
+/// held up by it.
+#[tokio::test(start_paused = true)]
+async fn a_child_asking_its_stopping_parent_does_not_hold_the_stop_up() {
+    enum P {
+        SpawnAsker(ReplyTo<ActorRef<()>>),
+        Block(tokio::sync::oneshot::Receiver<()>),
+        Req(ReplyTo<u32>),
+    }
+    struct Parent {
+        events: tokio::sync::mpsc::UnboundedSender<&'static str>,
+    }
+    struct Asker {
+        parent: ActorRef<P>,
+        events: tokio::sync::mpsc::UnboundedSender<&'static str>,
+    }
+    impl Actor for Asker {
+        type Msg = ();
+        async fn handle(&mut self, _m: (), _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+            let (reply, answer) = ReplyTo::channel();
+            self.parent.tell(P::Req(reply));
+            let _ = self.events.send("asked");
+            let got = answer.await;
+            let _ = self
+                .events
+                .send(if got.is_ok() { "answered" } else { "no reply" });
+            Ok(())
+        }
+    }
+    impl Actor for Parent {
+        type Msg = P;
+        async fn handle(&mut self, msg: P, ctx: &mut Context<Self>) -> Result<(), ActorError> {
+            match msg {
+                P::SpawnAsker(r) => {
+                    let asker = ctx.spawn(Props::from_instance(Asker {
+                        parent: ctx.myself(),
+                        events: self.events.clone(),
+                    }));
+                    r.reply(asker);
+                }
+                P::Block(gate) => {
+                    let _ = gate.await;
+                }
+                P::Req(r) => r.reply(1),
+            }
+            Ok(())
+        }
+    }
+    let system = ActorSystem::new("child-asks-parent");
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let parent = system.spawn(Parent { events: events_tx });
+    let child = parent
+        .ask(P::SpawnAsker, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let (open, gate) = tokio::sync::oneshot::channel();
+    parent.tell(P::Block(gate));
+    child.tell(());
+    // The request waits in the blocked parent's mailbox; the parent is told to stop.
+    assert_eq!(events.recv().await, Some("asked"));
+    parent.stop();
+    open.send(()).unwrap();
+    let start = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(60), parent.terminated())
+        .await
+        .expect("the parent's stop is held up by its child waiting on the parent");
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(events.recv().await, Some("no reply"));
+    system.shutdown().await;
+}
