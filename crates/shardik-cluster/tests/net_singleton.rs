@@ -21,6 +21,8 @@ use shardik_cluster::runtime::{Cluster, ClusterSingleton, SingletonError, Single
 #[derive(Serialize, Deserialize)]
 enum Msg {
     Add(u64),
+    /// As `Add`, after working for this many milliseconds.
+    Slow(u64, u64),
     /// Which node runs the instance, and what it received.
     Get(ReplyTo<(String, Vec<u64>)>),
 }
@@ -59,6 +61,10 @@ impl Actor for Counter {
     async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
         match msg {
             Msg::Add(n) => self.got.push(n),
+            Msg::Slow(n, ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                self.got.push(n);
+            }
             Msg::Get(reply) => reply.reply((self.node.clone(), self.got.clone())),
         }
         Ok(())
@@ -68,12 +74,23 @@ impl Actor for Counter {
 const MARGIN: Duration = Duration::from_secs(2);
 
 fn start_singleton(cluster: &Cluster, witness: &Arc<Witness>) -> ClusterSingleton<Msg> {
+    // A margin well above scheduling delays of this test's own waiter task on a loaded
+    // machine (the default, 500 ms, is not).
+    start_singleton_with(
+        cluster,
+        witness,
+        SingletonSettings::new("counter").down_margin(MARGIN),
+    )
+}
+
+fn start_singleton_with(
+    cluster: &Cluster,
+    witness: &Arc<Witness>,
+    settings: SingletonSettings,
+) -> ClusterSingleton<Msg> {
     let node = cluster.self_node().node_id.clone();
     let witness = witness.clone();
     let c = cluster.clone();
-    // A margin well above scheduling delays of this test's own waiter task on a loaded
-    // machine (the default, 500 ms, is not).
-    let settings = SingletonSettings::new("counter").down_margin(MARGIN);
     ClusterSingleton::start(cluster, settings, move || {
         let node = node.clone();
         let view = c
@@ -338,4 +355,54 @@ async fn proxy_buffer_is_bounded_while_no_instance_is_known() {
         })
     );
     stop_all(&nodes).await;
+}
+
+/// A host that leaves while its instance has a long backlog works through it only for half
+/// the removal timeout, then stops the instance after its current message: the new instance
+/// never overlaps with the old one, however long the backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_instance_on_a_leaving_host_never_overlaps_the_next() {
+    let (nodes, _) = cluster_of(3, None).await;
+    let witness = Arc::new(Witness::default());
+    let settings = || {
+        SingletonSettings::new("counter")
+            .down_margin(MARGIN)
+            .removal_timeout(Duration::from_secs(2))
+    };
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| start_singleton_with(&n.cluster, &witness, settings()))
+        .collect();
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    // 300 messages of 50 ms: a 15 s backlog on the host.
+    let proxy = singletons[0].proxy();
+    for i in 0..300 {
+        proxy.tell(Msg::Slow(i, 50)).unwrap();
+    }
+    let leaver = nodes[0].cluster.clone();
+    let started = Instant::now();
+    let leave = tokio::spawn(async move { leaver.leave().await });
+    within("another node hosts", 12, async {
+        tokio::select! {
+            _ = singletons[1].wait_hosting(true) => {}
+            _ = singletons[2].wait_hosting(true) => {}
+        }
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the hand-over waited for the backlog"
+    );
+    // Hosting is announced before the new instance's `started` hook runs: wait for it.
+    within("the new instance starts", 10, async {
+        while witness.log.lock().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    within("n0 left", 10, leave).await.unwrap();
+    let log = witness.log.lock().clone();
+    assert_eq!(log.first().map(String::as_str), Some("start n0"), "{log:?}");
+    assert_eq!(log.get(1).map(String::as_str), Some("stop n0"), "{log:?}");
+    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1, "{log:?}");
 }

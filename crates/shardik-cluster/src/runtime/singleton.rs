@@ -797,6 +797,22 @@ where
             .unregister(&self.shared.instance_path);
         if graceful {
             actor.graceful_stop();
+            // The queue is worked through for at most half the removal timeout: the other
+            // members wait for `HandedOver` only `removal_timeout` after this node is removed,
+            // and an instance still busy then would overlap with the new one. After that the
+            // instance stops after its current message (the rest are dead letters).
+            let grace = self.shared.settings.removal_timeout / 2;
+            if tokio::time::timeout(grace, actor.terminated())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    singleton = self.shared.settings.name,
+                    ?grace,
+                    "singleton instance still working through its queue: stopping it after its current message"
+                );
+                actor.stop();
+            }
         } else {
             actor.stop();
         }
