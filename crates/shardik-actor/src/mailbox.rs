@@ -102,8 +102,7 @@ impl<M> Lanes<M> {
         }
     }
 
-    /// Removes the oldest message (not a stop marker) to make room.
-    /// Drops the oldest plain user message. Termination notices (`watch_with`) and the stop
+    /// Drops the oldest plain user message to make room. Termination notices (`watch_with`) and the stop
     /// marker are never dropped: each watch is owed its notice.
     fn drop_oldest(&mut self) -> Option<M> {
         if matches!(self.first, Some(Envelope::User(_))) {

@@ -665,21 +665,8 @@ impl Active {
     }
 }
 
-/// A stable 16-bit-or-more tag of `node` for [`next_epoch`] (FNV-1a over its address, id and
-/// incarnation: the same on every run, unlike std's seeded hasher).
+/// A stable tag of `node` for [`next_epoch`]: the shard hash of its region id (address, node
+/// id, incarnation), the same on every run and every node.
 fn node_tag(node: &UniqueAddress) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let inc = node.incarnation.to_be_bytes();
-    for b in node
-        .address
-        .bytes()
-        .chain([0u8])
-        .chain(node.node_id.bytes())
-        .chain([0u8])
-        .chain(inc)
-    {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    u64::from(crate::hash::hash32(&super::wire::region_id(node).0))
 }

@@ -605,17 +605,8 @@ where
                     );
                 }
                 RegionAction::ForceStopShard(shard) => {
-                    let tx = self.events.clone();
-                    self.local.force_stop_shard(
-                        shard,
-                        Arc::new(move |id: EntityId, msgs: Vec<M>| {
-                            let envelopes = msgs
-                                .into_iter()
-                                .map(|m| Envelope::new(&*id, shard, m))
-                                .collect();
-                            let _ = tx.send(RegionEvent::Unhandled(shard, envelopes));
-                        }),
-                    );
+                    self.local
+                        .force_stop_shard(shard, self.unhandled_to_loop(shard, false));
                 }
                 RegionAction::Rejected(r) => {
                     self.dead_letter(&r.envelope.entity_id, "region buffer full");
@@ -822,13 +813,8 @@ where
                     // shard again `down_margin` after it downs this node, and an entity still
                     // working through its mailbox here then would be a second live copy.
                     // What the entities had not handled is held with what arrives meanwhile.
-                    let tx = self.events.clone();
-                    self.local.force_stop_shard(
-                        shard,
-                        Arc::new(move |id: EntityId, msgs: Vec<M>| {
-                            let _ = tx.send(RegionEvent::FencedUnhandled(shard, id, msgs));
-                        }),
-                    );
+                    self.local
+                        .force_stop_shard(shard, self.unhandled_to_loop(shard, true));
                 }
             }
             (false, true) => {
@@ -868,6 +854,36 @@ where
             }
             _ => {}
         }
+    }
+
+    /// Where a force-stopped entity of `shard` hands what it had not handled: to the region's
+    /// event loop (as a hand-off's or, if `fenced`, as the fence's), or, once that loop has
+    /// ended, to the dead letters, never silently away.
+    fn unhandled_to_loop(&self, shard: ShardId, fenced: bool) -> crate::region::Unhandled<M> {
+        let tx = self.events.clone();
+        let system = self.system().clone();
+        let type_name = self.type_name.clone();
+        Arc::new(move |id: EntityId, msgs: Vec<M>| {
+            let count = msgs.len();
+            let event = if fenced {
+                RegionEvent::FencedUnhandled(shard, id.clone(), msgs)
+            } else {
+                let envelopes = msgs
+                    .into_iter()
+                    .map(|m| Envelope::new(&*id, shard, m))
+                    .collect();
+                RegionEvent::Unhandled(shard, envelopes)
+            };
+            if tx.send(event).is_err() {
+                for _ in 0..count {
+                    system.record_dead_letter(
+                        &format_args!("{type_name}/{id}"),
+                        std::any::type_name::<M>(),
+                        "cluster node stopped",
+                    );
+                }
+            }
+        })
     }
 
     /// Sends again the fences a full peer queue refused (in order, behind what was queued
@@ -947,21 +963,10 @@ where
             }
             self.local.stop_shard(shard, Box::new(|| {}));
             // Downed or gone: the shard starts elsewhere, so its entities stop after their
-            // current message; what they had not handled is a dead letter here.
-            let system = self.system().clone();
-            let type_name = self.type_name.clone();
-            self.local.force_stop_shard(
-                shard,
-                Arc::new(move |id: EntityId, msgs: Vec<M>| {
-                    for _ in msgs {
-                        system.record_dead_letter(
-                            &format_args!("{type_name}/{id}"),
-                            std::any::type_name::<M>(),
-                            "cluster node stopped",
-                        );
-                    }
-                }),
-            );
+            // current message; what they had not handled is a dead letter here (the fenced
+            // path records them so once `stopped` is set).
+            self.local
+                .force_stop_shard(shard, self.unhandled_to_loop(shard, true));
         }
     }
 }
