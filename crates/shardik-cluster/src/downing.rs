@@ -166,64 +166,144 @@ pub fn decide(
     if stable_for < config.stable_after {
         return None;
     }
-    let live = |n: &UniqueAddress| {
-        gossip
-            .member(n)
-            .is_some_and(|m| m.status != MemberStatus::Down)
+    Picture::new(gossip, self_node)?.decision(gossip, self_node, config)
+}
+
+/// Whether a resolver deciding now on this view would down `node`: `node`'s own decision
+/// ([`decide`] without waiting for stability) or, when the others flag `node`, the decision
+/// of the side that flags it. A flagged node that reads only its own decision misses the
+/// other side's: its own view always shows it on the side that goes on.
+///
+/// ```
+/// use std::collections::BTreeSet;
+/// use shardik_cluster::downing::{would_down, DowningConfig};
+/// use shardik_cluster::gossip::Gossip;
+/// use shardik_cluster::leader::leader_actions;
+/// use shardik_cluster::member::UniqueAddress;
+///
+/// let n: Vec<_> = (0..3).map(|i| UniqueAddress::new(format!("h:{i}"), format!("n{i}"), 1)).collect();
+/// let mut g = Gossip::new();
+/// for a in &n { g.add_joining(a.clone(), BTreeSet::new()).unwrap(); }
+/// leader_actions(&mut g, &n[0], false);
+/// // n1 cannot hear n0 any more (and n0's gossip does not get through either): the side of
+/// // n1 and n2 downs n0, whatever n0 itself decides.
+/// g.reachability_mut().unreachable(&n[1], &n[0]);
+/// g.touch(&n[1]);
+/// let cfg = DowningConfig::default();
+/// assert!(would_down(&g, &n[0], &cfg));
+/// assert!(!would_down(&g, &n[1], &cfg));
+/// ```
+pub fn would_down(gossip: &Gossip, node: &UniqueAddress, config: &DowningConfig) -> bool {
+    let Some(picture) = Picture::new(gossip, node) else {
+        return false;
     };
-    // The flags that count: by live observers, about live subjects.
-    let records: Vec<(&UniqueAddress, &UniqueAddress)> = gossip
-        .reachability()
-        .records()
-        .filter(|(o, s)| live(o) && live(s))
-        .collect();
-    if records.is_empty() {
-        return None;
+    let downs = |by: &UniqueAddress| {
+        picture
+            .decision(gossip, by, config)
+            .is_some_and(|d| d.down.contains(node))
+    };
+    if downs(node) {
+        return true;
     }
-    let indirect = indirectly_connected(gossip, &records);
-    let cover = cover(gossip, &records, &indirect);
-    // The clean picture: the flags left once the cover is downed. Every flag between two
-    // indirectly connected nodes touches the cover, so what is left is about real
-    // unreachability; it includes flags about (or by) indirectly connected nodes the cover
-    // keeps: such a node, flagged by this side after a partition, is on the other side,
-    // not on this one (counting it here let both sides of a partition that cut across a
-    // broken link win).
-    let clean: BTreeSet<UniqueAddress> = records
-        .iter()
-        .filter(|(o, s)| !cover.contains(*o) && !cover.contains(*s))
-        .map(|(_, s)| (*s).clone())
-        .collect();
-    let sides = Sides::new(gossip, self_node, &clean, &cover);
-    let pick = |s: &[&Member]| s.iter().map(|m| m.node.clone()).collect::<BTreeSet<_>>();
-    let (kind, mut down) = if sides.unreachable.is_empty() {
-        (DecisionKind::DownUnreachable, BTreeSet::new())
-    } else {
-        let kind = decide_kind(&sides, config);
-        let down = match kind {
-            DecisionKind::DownUnreachable => pick(&sides.unreachable),
-            DecisionKind::DownReachable => pick(&sides.reachable),
-            DecisionKind::DownAll => pick(&sides.reachable)
-                .into_iter()
-                .chain(pick(&sides.unreachable))
-                .collect(),
+    if !picture.clean.contains(node) {
+        return false;
+    }
+    // Every live member outside the flagged set and the cover sees the same two sides, so
+    // one of them decides for that whole side.
+    gossip
+        .members()
+        .find(|m| {
+            m.status != MemberStatus::Down
+                && !picture.clean.contains(&m.node)
+                && !picture.cover.contains(&m.node)
+        })
+        .is_some_and(|m| downs(&m.node))
+}
+
+/// The flags as one member reads them: the broken links' ends to down and the flagged set
+/// that is left.
+struct Picture {
+    /// The indirectly connected nodes to down (see [`cover`]).
+    cover: BTreeSet<UniqueAddress>,
+    /// The nodes flagged once the cover is left out: the other side of a clean partition.
+    clean: BTreeSet<UniqueAddress>,
+}
+
+impl Picture {
+    /// The picture `viewer` reads from `gossip`; `None` when no live member flags another.
+    fn new(gossip: &Gossip, viewer: &UniqueAddress) -> Option<Picture> {
+        let live = |n: &UniqueAddress| {
+            gossip
+                .member(n)
+                .is_some_and(|m| m.status != MemberStatus::Down)
         };
-        (kind, down)
-    };
-    down.extend(cover);
-    if down.is_empty() {
-        return None;
+        // The flags that count: by live observers, about live subjects.
+        let records: Vec<(&UniqueAddress, &UniqueAddress)> = gossip
+            .reachability()
+            .records()
+            .filter(|(o, s)| live(o) && live(s))
+            .collect();
+        if records.is_empty() {
+            return None;
+        }
+        let indirect = indirectly_connected(gossip, &records, viewer);
+        let cover = cover(gossip, &records, &indirect);
+        // The clean picture: the flags left once the cover is downed. Every flag between two
+        // indirectly connected nodes touches the cover, so what is left is about real
+        // unreachability; it includes flags about (or by) indirectly connected nodes the
+        // cover keeps: such a node, flagged by this side after a partition, is on the other
+        // side, not on this one (counting it here let both sides of a partition that cut
+        // across a broken link win).
+        let clean = records
+            .iter()
+            .filter(|(o, s)| !cover.contains(*o) && !cover.contains(*s))
+            .map(|(_, s)| (*s).clone())
+            .collect();
+        Some(Picture { cover, clean })
     }
-    Some(Decision { kind, down })
+
+    /// The decision `self_node` takes on this picture.
+    fn decision(
+        &self,
+        gossip: &Gossip,
+        self_node: &UniqueAddress,
+        config: &DowningConfig,
+    ) -> Option<Decision> {
+        let sides = Sides::new(gossip, self_node, &self.clean, &self.cover);
+        let pick = |s: &[&Member]| s.iter().map(|m| m.node.clone()).collect::<BTreeSet<_>>();
+        let (kind, mut down) = if sides.unreachable.is_empty() {
+            (DecisionKind::DownUnreachable, BTreeSet::new())
+        } else {
+            let kind = decide_kind(&sides, config);
+            let down = match kind {
+                DecisionKind::DownUnreachable => pick(&sides.unreachable),
+                DecisionKind::DownReachable => pick(&sides.reachable),
+                DecisionKind::DownAll => pick(&sides.reachable)
+                    .into_iter()
+                    .chain(pick(&sides.unreachable))
+                    .collect(),
+            };
+            (kind, down)
+        };
+        down.extend(self.cover.iter().cloned());
+        if down.is_empty() {
+            return None;
+        }
+        Some(Decision { kind, down })
+    }
 }
 
 /// Nodes that are flagged, or flag others, although they are still connected to the rest
 /// through other nodes (Akka's "indirectly connected"): a flaky link rather than a clean
 /// partition or a crash. They are the observers that are themselves flagged (a cycle of
 /// flags) and both ends of every flag whose subject has seen the current state (it still
-/// talks to this side).
+/// talks to this side). The `viewer`'s own mark does not count: a node has always seen its
+/// own view, whether or not the others hear it, so a node that can hear but not speak would
+/// read its flag as a broken link while the side flagging it reads a lost node.
 fn indirectly_connected(
     gossip: &Gossip,
     records: &[(&UniqueAddress, &UniqueAddress)],
+    viewer: &UniqueAddress,
 ) -> BTreeSet<UniqueAddress> {
     let subjects: BTreeSet<&UniqueAddress> = records.iter().map(|(_, s)| *s).collect();
     let mut out = BTreeSet::new();
@@ -231,7 +311,7 @@ fn indirectly_connected(
         if subjects.contains(o) {
             out.insert((*o).clone());
         }
-        if gossip.has_seen(s) {
+        if *s != viewer && gossip.has_seen(s) {
             out.insert((*o).clone());
             out.insert((*s).clone());
         }

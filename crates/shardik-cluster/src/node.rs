@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::downing::{decide, DowningConfig, StabilityTimer, Strategy};
+use crate::downing::{decide, would_down, DowningConfig, StabilityTimer, Strategy};
 use crate::events::{diff, ClusterEvent};
 use crate::gossip::{Gossip, Received};
 use crate::leader::leader_actions;
@@ -152,9 +152,11 @@ impl MembershipNode {
     /// side, `stable_after` before the winning side can even decide), or, when the ring makes
     /// it watch only some of the members (more than [`NodeConfig::monitored_by`]), once it
     /// lost more than half of the peers it watches (its own view then cannot show that it is cut off from most of the
-    /// cluster). It stays fenced until that picture is gone **and** gossip arrived from a
-    /// majority of the live members: a decision that downed it meanwhile reaches it before
-    /// it runs anything again. A `Down` node stays fenced.
+    /// cluster). It stays fenced until that picture is gone, gossip arrived from a majority
+    /// of the live members, **and** its view has converged (every `Up` or `Leaving` member
+    /// has seen it, every unreachable member is `Down` or `Exiting`): a member that downed
+    /// it meanwhile holds that decision in any view it has seen, so the decision reaches this
+    /// node before it runs anything again. A `Down` node stays fenced.
     pub fn is_fenced(&self) -> bool {
         self.fence.active || matches!(self.status(), Some(MemberStatus::Down))
     }
@@ -344,7 +346,13 @@ impl MembershipNode {
         // Split brain resolver: only the leader of this side applies a decision.
         let stable_for = self.stability.observe(&self.gossip, now);
         if self.gossip.leader(&me).as_ref() == Some(&me) {
-            if let Some(d) = decide(&self.gossip, &me, stable_for, &self.config.downing) {
+            let decision = decide(&self.gossip, &me, stable_for, &self.config.downing);
+            // A fenced node is on a side that would lose: its view of the others cannot be
+            // trusted (with a partial ring it watches only some of them, and the flags of the
+            // side it cannot hear do not reach it), so it only ever downs its own side,
+            // itself included, never others alone.
+            let decision = decision.filter(|d| !self.fence.active || d.down.contains(&me));
+            if let Some(d) = decision {
                 let mut changed = false;
                 for n in &d.down {
                     changed |= self.gossip.set_status(n, MemberStatus::Down) == Ok(true);
@@ -508,9 +516,7 @@ impl MembershipNode {
             return false;
         }
         // The resolver's decision on this view, taken now rather than after `stable_after`.
-        let down_me = |g: &Gossip| {
-            decide(g, me, Duration::MAX, &self.config.downing).is_some_and(|d| d.down.contains(me))
-        };
+        let down_me = |g: &Gossip| would_down(g, me, &self.config.downing);
         let resolver = if silent.is_empty() {
             down_me(&self.gossip)
         } else {
@@ -552,7 +558,13 @@ impl MembershipNode {
                 .iter()
                 .filter(|n| **n == me || self.fence.heard.contains(**n))
                 .count();
-            if heard * 2 > live.len() {
+            // Every member that could have decided to down this node (any `Up` or `Leaving`
+            // member leads its own side in a partition) has seen this node's current view:
+            // such a member takes a state as its own only if it holds all its own earlier
+            // changes, so a decision it made before would be in this view. Gossip from a
+            // majority alone (which counts this side) may all predate the other side's
+            // decision.
+            if heard * 2 > live.len() && self.gossip.convergence(me) {
                 self.fence.active = false;
                 self.fence.heard.clear();
             }

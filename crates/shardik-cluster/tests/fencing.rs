@@ -1,12 +1,16 @@
 //! Fencing: the losing side of a partition knows it at detection time, `stable_after` before
 //! the winning side downs it; the winning side and the survivors of a crash are never
-//! fenced; a partition that heals lifts the fence only after gossip from a majority.
+//! fenced; a partition that heals lifts the fence only after gossip from a majority and
+//! once every member has seen the node's view, so a node seen `Down` by an unfenced one is
+//! fenced itself before its work can move.
 
 mod sim;
 
+use std::collections::BTreeMap;
+
 use shardik_cluster::events::ClusterEvent;
 use shardik_cluster::member::MemberStatus;
-use sim::{uid, Sim};
+use sim::{overlaps, uid, Sim};
 
 /// When node `i` was first fenced (`None`: never).
 fn fenced_at(sim: &Sim, i: usize) -> Option<u64> {
@@ -190,4 +194,132 @@ fn node_that_can_speak_but_not_hear_is_fenced_before_it_is_downed() {
     sim.run_until(10_000, "majority up without node 0", |s| {
         s.all_up(&[1, 2], &ids)
     });
+}
+
+/// Whether node `viewer` has `observer`'s flag on `subject`.
+fn flags(sim: &Sim, viewer: usize, observer: usize, subject: usize) -> bool {
+    sim.node(viewer)
+        .node
+        .gossip()
+        .reachability()
+        .is_unreachable_by(&uid(observer, 1), &uid(subject, 1))
+}
+
+#[test]
+fn gossip_predating_the_winners_decision_does_not_lift_the_fence() {
+    // Nodes 0 and 1 are cut off from 2, 3 and 4 and fenced. Node 2, the majority's leader,
+    // hears them again first and clears its flags; 3 and 4 still flag them, so 2's resolver
+    // goes on and downs them, and that decision is lost on the way out (here: node 2's gossip
+    // is dropped from then on, its heartbeats are not). Then 0 and 1 hear 3 and 4 again: the
+    // losing picture is gone from 0's view and it has heard from 1, 3 and 4 (a majority,
+    // counting itself), all from before the decision. Lifting the fence on that would let 0
+    // run what 2's side takes over: it stays until 2 has seen 0's view.
+    let mut sim = Sim::new();
+    for i in 0..5 {
+        let mut config = Sim::config(uid(i, 1));
+        // Time for node 2 to clear its flags before it decides.
+        config.downing.stable_after = std::time::Duration::from_secs(6);
+        sim.start_with(config);
+    }
+    let ids: Vec<_> = (0..5).map(|i| uid(i, 1)).collect();
+    sim.run_until(20_000, "cluster up", |s| s.all_up(&[0, 1, 2, 3, 4], &ids));
+    sim.run_for(1_000);
+    sim.cut(&[0, 1], &[2, 3, 4]);
+    sim.run_until(5_000, "minority fenced and flagged by all", |s| {
+        [0, 1].iter().all(|x| s.node(*x).node.is_fenced())
+            && [2, 3, 4]
+                .iter()
+                .all(|o| [0, 1].iter().all(|x| flags(s, 2, *o, *x)))
+    });
+    // 2 hears 0 and 1 (their heartbeats; their gossip, which flags 3 and 4, stays away so
+    // 2's picture does not change), and they get its gossip.
+    sim.heal_between(&[0, 1], &[2]);
+    sim.cut_gossip(&[0, 1], &[2]);
+    sim.run_until(4_000, "0 has node 2's cleared flags", |s| {
+        [0, 1].iter().all(|x| !flags(s, 0, 2, *x))
+    });
+    assert_ne!(sim.status(2, &uid(0, 1)), Some(MemberStatus::Down));
+    sim.cut_gossip(&[2], &[0, 1, 3, 4]);
+    sim.run_until(8_000, "node 2 downed node 0", |s| {
+        s.status(2, &uid(0, 1)) == Some(MemberStatus::Down)
+    });
+    sim.heal_between(&[0, 1], &[3, 4]);
+    sim.run_until(3_000, "0's losing picture gone", |s| {
+        [2, 3, 4]
+            .iter()
+            .all(|o| [0, 1].iter().all(|x| !flags(s, 0, *o, *x)))
+    });
+    for _ in 0..100 {
+        sim.step();
+        assert_eq!(overlaps(&sim, 5), [], "at {} ms", sim.now);
+    }
+    assert!(
+        sim.node(0).node.is_fenced(),
+        "0 unfenced without 2 having seen it"
+    );
+    // Once node 2's decision gets out, 0 and 1 learn that they are down.
+    sim.heal();
+    sim.run_until(5_000, "0 and 1 stopped", |s| {
+        !s.node(0).alive && !s.node(1).alive
+    });
+    for _ in 0..40 {
+        sim.step();
+        assert_eq!(overlaps(&sim, 5), [], "at {} ms", sim.now);
+    }
+}
+
+#[test]
+fn a_node_downed_in_random_partitions_is_fenced_within_the_down_margin() {
+    // Seeded schedules of cuts (both ways and one way) and heals at random moments, so that
+    // heals land before, at and after the resolvers' decisions. Checked on every step: a
+    // node that an unfenced node sees `Down` is fenced (or gone) before cluster sharding's
+    // `down_margin` (500 ms) has passed, the wait after which its shards move. Not at once:
+    // a decision on a broken link can down a node whose own view gave it no reason to stop,
+    // and that node learns it one gossip later.
+    const MARGIN: u64 = 500;
+    let mut stopped = 0;
+    for seed in 1..=24u64 {
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let (mut sim, _) = Sim::cluster(5);
+        let mut since: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+        for _ in 0..6 {
+            let side: Vec<usize> = (0..5).filter(|_| next(2) == 0).collect();
+            let other: Vec<usize> = (0..5).filter(|i| !side.contains(i)).collect();
+            match next(3) {
+                0 => sim.cut_one_way(&side, &other),
+                1 => sim.cut_one_way(&other, &side),
+                _ => sim.cut(&side, &other),
+            }
+            let cut_for = 1_000 + next(5_000);
+            let healed_for = 500 + next(3_000);
+            for ms in [cut_for, healed_for] {
+                let end = sim.now + ms;
+                while sim.now < end {
+                    sim.step();
+                    let now = sim.now;
+                    let pairs = overlaps(&sim, 5);
+                    since.retain(|p, _| pairs.contains(p));
+                    for p in pairs {
+                        let from = *since.entry(p).or_insert(now);
+                        assert!(
+                            now - from < MARGIN,
+                            "seed {seed}: {} sees {} down, both unfenced, since {from} ms (now {now})",
+                            p.0,
+                            p.1
+                        );
+                    }
+                }
+                sim.heal();
+            }
+        }
+        stopped += (0..5).filter(|i| !sim.node(*i).alive).count();
+    }
+    // The schedules do down nodes (else they would check nothing).
+    assert!(stopped >= 24, "only {stopped} nodes stopped");
 }

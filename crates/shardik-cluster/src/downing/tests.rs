@@ -576,3 +576,26 @@ fn a_partition_across_a_broken_link_lets_only_one_side_go_on() {
     assert_eq!(decide_on(&left, 0, &c).down, decide_on(&left, 1, &c).down);
     assert_eq!(decide_on(&right, 3, &c).down, decide_on(&right, 4, &c).down);
 }
+
+#[test]
+fn a_node_that_cannot_speak_reads_its_flag_as_the_side_flagging_it_does() {
+    // n1 no longer hears n0 and flagged it; n0 still hears everyone. The view of n1's side
+    // has no mark from n0 (its gossip does not get there), n0's own view always has its own.
+    let mut theirs = cluster(3);
+    theirs.reachability_mut().unreachable(&n(1), &n(0));
+    theirs.touch(&n(1));
+    theirs.mark_seen(&n(2));
+    let mut mine = theirs.clone();
+    mine.mark_seen(&n(0));
+    let c = cfg(Strategy::KeepMajority);
+    // n1's side downs n0.
+    assert_eq!(decide_on(&theirs, 1, &c).down, set(&[0]));
+    assert_eq!(decide_on(&theirs, 2, &c).down, set(&[0]));
+    // n0's own mark is no evidence that the others hear it: it does not read a broken link
+    // (which would have it down n1), it decides nothing about the others...
+    assert_eq!(decide(&mine, &n(0), stable(), &c), None);
+    // ...and knows that the others would down it.
+    assert!(would_down(&mine, &n(0), &c));
+    assert!(!would_down(&theirs, &n(1), &c));
+    assert!(!would_down(&mine, &n(2), &c));
+}

@@ -36,6 +36,8 @@ pub struct Sim {
     cuts: BTreeSet<(String, String)>,
     /// Drop heartbeats only (user traffic starving them), per direction.
     hb_cuts: BTreeSet<(String, String)>,
+    /// Drop gossip only (heartbeats get through), per direction.
+    gossip_cuts: BTreeSet<(String, String)>,
     loss_percent: u64,
     rng: u64,
     /// Every gossip delivered, for replaying stale ones.
@@ -58,6 +60,7 @@ impl Sim {
             in_flight: Vec::new(),
             cuts: BTreeSet::new(),
             hb_cuts: BTreeSet::new(),
+            gossip_cuts: BTreeSet::new(),
             loss_percent: 0,
             rng: 0x9e37_79b9_7f4a_7c15,
             delivered_gossip: Vec::new(),
@@ -158,9 +161,29 @@ impl Sim {
         }
     }
 
+    /// Removes the cuts between `a` and `b` (both directions), keeping every other cut.
+    pub fn heal_between(&mut self, a: &[usize], b: &[usize]) {
+        for x in a {
+            for y in b {
+                self.cuts.remove(&(addr(*x), addr(*y)));
+                self.cuts.remove(&(addr(*y), addr(*x)));
+            }
+        }
+    }
+
+    /// Drops the gossip `from -> to` for every pair (heartbeats still get through).
+    pub fn cut_gossip(&mut self, from: &[usize], to: &[usize]) {
+        for x in from {
+            for y in to {
+                self.gossip_cuts.insert((addr(*x), addr(*y)));
+            }
+        }
+    }
+
     pub fn heal(&mut self) {
         self.cuts.clear();
         self.hb_cuts.clear();
+        self.gossip_cuts.clear();
     }
 
     pub fn starve_heartbeats(&mut self, from: usize, to: usize) {
@@ -235,6 +258,9 @@ impl Sim {
                 continue;
             }
             if matches!(msg, Msg::Heartbeat) && self.hb_cuts.contains(&key) {
+                continue;
+            }
+            if matches!(msg, Msg::Gossip(_)) && self.gossip_cuts.contains(&key) {
                 continue;
             }
             let now = self.now;
@@ -318,4 +344,17 @@ impl Sim {
     pub fn events_of(&self, i: usize) -> Vec<ClusterEvent> {
         self.node(i).events.iter().map(|(_, e)| e.clone()).collect()
     }
+}
+
+/// The pairs of live nodes (of the first `n`, incarnation 1) that could both run what must
+/// run once: `x` is not fenced and sees `y` as `Down` (so what ran on `y` may start on `x`'s
+/// side), while `y`, alive, is not fenced either.
+pub fn overlaps(sim: &Sim, n: usize) -> Vec<(usize, usize)> {
+    let free = |i: usize| sim.node(i).alive && !sim.node(i).node.is_fenced();
+    (0..n)
+        .flat_map(|x| (0..n).map(move |y| (x, y)))
+        .filter(|&(x, y)| {
+            x != y && free(x) && free(y) && sim.status(x, &uid(y, 1)) == Some(MemberStatus::Down)
+        })
+        .collect()
 }
