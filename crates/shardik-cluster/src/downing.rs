@@ -92,6 +92,10 @@ pub struct Decision {
     pub kind: DecisionKind,
     /// The members to mark `Down`.
     pub down: BTreeSet<UniqueAddress>,
+    /// The members of `down` downed as one end of a broken link (indirectly connected):
+    /// they still talk to the rest, so they can see the decision's view before it is
+    /// applied to them (see [`crate::node`]).
+    pub broken_links: BTreeSet<UniqueAddress>,
 }
 
 /// The two sides as `self_node` sees them.
@@ -101,8 +105,11 @@ struct Sides<'a> {
 }
 
 impl<'a> Sides<'a> {
-    /// Live (not `Down`) members split by `unreachable`, leaving out `excluded`; `self_node`
-    /// is always on the reachable side.
+    /// Live (not `Down`) members split by `unreachable`, leaving out `excluded`, as
+    /// `self_node` sees them: its own side is the one it is on. A node that others flag
+    /// (they cannot hear it, while it hears them and gets their flags) is on the flagged
+    /// side, with the others it flagged along with it; counting it with the side that
+    /// cannot hear it would have it decide on a picture that neither side has.
     fn new(
         g: &'a Gossip,
         self_node: &UniqueAddress,
@@ -112,11 +119,18 @@ impl<'a> Sides<'a> {
         let live = g
             .members()
             .filter(|m| m.status != MemberStatus::Down && !excluded.contains(&m.node));
-        let (unreachable, reachable) =
-            live.partition(|m| &m.node != self_node && unreachable_set.contains(&m.node));
-        Sides {
-            reachable,
-            unreachable,
+        let (flagged, rest): (Vec<&Member>, Vec<&Member>) =
+            live.partition(|m| unreachable_set.contains(&m.node));
+        if unreachable_set.contains(self_node) {
+            Sides {
+                reachable: flagged,
+                unreachable: rest,
+            }
+        } else {
+            Sides {
+                reachable: rest,
+                unreachable: flagged,
+            }
         }
     }
 
@@ -166,13 +180,17 @@ pub fn decide(
     if stable_for < config.stable_after {
         return None;
     }
-    Picture::new(gossip, self_node)?.decision(gossip, self_node, config)
+    Picture::new(gossip, None)?.decision(gossip, self_node, config)
 }
 
 /// Whether a resolver deciding now on this view would down `node`: `node`'s own decision
 /// ([`decide`] without waiting for stability) or, when the others flag `node`, the decision
-/// of the side that flags it. A flagged node that reads only its own decision misses the
-/// other side's: its own view always shows it on the side that goes on.
+/// of the side that flags it; each read both with `node`'s mark in the seen set and without
+/// it. The resolver reads a flag whose subject has seen the current state as a broken link
+/// (the subject still talks to the rest); a node has always seen its own view, but whether
+/// the others have its mark depends on whether they hear it, which it cannot tell: a node
+/// that can hear but not speak reads its flag as a broken link while the side flagging it
+/// reads a lost node and downs it.
 ///
 /// ```
 /// use std::collections::BTreeSet;
@@ -194,30 +212,32 @@ pub fn decide(
 /// assert!(!would_down(&g, &n[1], &cfg));
 /// ```
 pub fn would_down(gossip: &Gossip, node: &UniqueAddress, config: &DowningConfig) -> bool {
-    let Some(picture) = Picture::new(gossip, node) else {
-        return false;
-    };
-    let downs = |by: &UniqueAddress| {
-        picture
-            .decision(gossip, by, config)
-            .is_some_and(|d| d.down.contains(node))
-    };
-    if downs(node) {
-        return true;
-    }
-    if !picture.clean.contains(node) {
-        return false;
-    }
-    // Every live member outside the flagged set and the cover sees the same two sides, so
-    // one of them decides for that whole side.
-    gossip
-        .members()
-        .find(|m| {
-            m.status != MemberStatus::Down
-                && !picture.clean.contains(&m.node)
-                && !picture.cover.contains(&m.node)
-        })
-        .is_some_and(|m| downs(&m.node))
+    [None, Some(node)].into_iter().any(|unseen| {
+        let Some(picture) = Picture::new(gossip, unseen) else {
+            return false;
+        };
+        let downs = |by: &UniqueAddress| {
+            picture
+                .decision(gossip, by, config)
+                .is_some_and(|d| d.down.contains(node))
+        };
+        if downs(node) {
+            return true;
+        }
+        if !picture.clean.contains(node) {
+            return false;
+        }
+        // Every live member outside the flagged set and the cover sees the same two sides,
+        // so one of them decides for that whole side.
+        gossip
+            .members()
+            .find(|m| {
+                m.status != MemberStatus::Down
+                    && !picture.clean.contains(&m.node)
+                    && !picture.cover.contains(&m.node)
+            })
+            .is_some_and(|m| downs(&m.node))
+    })
 }
 
 /// The flags as one member reads them: the broken links' ends to down and the flagged set
@@ -230,8 +250,9 @@ struct Picture {
 }
 
 impl Picture {
-    /// The picture `viewer` reads from `gossip`; `None` when no live member flags another.
-    fn new(gossip: &Gossip, viewer: &UniqueAddress) -> Option<Picture> {
+    /// The picture in `gossip`, read as if `unseen` (if any) had not seen the current state;
+    /// `None` when no live member flags another.
+    fn new(gossip: &Gossip, unseen: Option<&UniqueAddress>) -> Option<Picture> {
         let live = |n: &UniqueAddress| {
             gossip
                 .member(n)
@@ -246,7 +267,7 @@ impl Picture {
         if records.is_empty() {
             return None;
         }
-        let indirect = indirectly_connected(gossip, &records, viewer);
+        let indirect = indirectly_connected(gossip, &records, unseen);
         let cover = cover(gossip, &records, &indirect);
         // The clean picture: the flags left once the cover is downed. Every flag between two
         // indirectly connected nodes touches the cover, so what is left is about real
@@ -289,7 +310,11 @@ impl Picture {
         if down.is_empty() {
             return None;
         }
-        Some(Decision { kind, down })
+        Some(Decision {
+            kind,
+            down,
+            broken_links: self.cover.clone(),
+        })
     }
 }
 
@@ -297,13 +322,11 @@ impl Picture {
 /// through other nodes (Akka's "indirectly connected"): a flaky link rather than a clean
 /// partition or a crash. They are the observers that are themselves flagged (a cycle of
 /// flags) and both ends of every flag whose subject has seen the current state (it still
-/// talks to this side). The `viewer`'s own mark does not count: a node has always seen its
-/// own view, whether or not the others hear it, so a node that can hear but not speak would
-/// read its flag as a broken link while the side flagging it reads a lost node.
+/// talks to this side), leaving out the mark of `unseen`.
 fn indirectly_connected(
     gossip: &Gossip,
     records: &[(&UniqueAddress, &UniqueAddress)],
-    viewer: &UniqueAddress,
+    unseen: Option<&UniqueAddress>,
 ) -> BTreeSet<UniqueAddress> {
     let subjects: BTreeSet<&UniqueAddress> = records.iter().map(|(_, s)| *s).collect();
     let mut out = BTreeSet::new();
@@ -311,7 +334,7 @@ fn indirectly_connected(
         if subjects.contains(o) {
             out.insert((*o).clone());
         }
-        if *s != viewer && gossip.has_seen(s) {
+        if Some(*s) != unseen && gossip.has_seen(s) {
             out.insert((*o).clone());
             out.insert((*s).clone());
         }

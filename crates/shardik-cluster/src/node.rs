@@ -355,6 +355,14 @@ impl MembershipNode {
             if let Some(d) = decision {
                 let mut changed = false;
                 for n in &d.down {
+                    // An end of a broken link still talks to the rest: it is downed once it
+                    // has seen this view, and then reads the same picture and has fenced
+                    // itself. Before, the flag behind the decision may be one its observer
+                    // has cleared since, and the node would go on, unaware, while this side
+                    // takes over its work.
+                    if d.broken_links.contains(n) && *n != me && !self.gossip.has_seen(n) {
+                        continue;
+                    }
                     changed |= self.gossip.set_status(n, MemberStatus::Down) == Ok(true);
                 }
                 if changed {

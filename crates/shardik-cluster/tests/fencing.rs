@@ -276,9 +276,26 @@ fn a_node_downed_in_random_partitions_is_fenced_within_the_down_margin() {
     // `down_margin` (500 ms) has passed, the wait after which its shards move. Not at once:
     // a decision on a broken link can down a node whose own view gave it no reason to stop,
     // and that node learns it one gossip later.
+    let stopped: usize = [
+        (3, 1..=8),
+        (4, 1..=12),
+        (5, 1..=24),
+        (6, 1..=12),
+        (7, 20..=27),
+    ]
+    .into_iter()
+    .map(|(nodes, seeds)| random_partitions(nodes, seeds))
+    .sum();
+    // The schedules do down nodes (else they would check nothing).
+    assert!(stopped >= 50, "only {stopped} nodes stopped");
+}
+
+/// Runs the seeded schedules of [`a_node_downed_in_random_partitions_is_fenced_within_the_down_margin`]
+/// on clusters of `nodes`; returns how many nodes were stopped in all.
+fn random_partitions(nodes: usize, seeds: std::ops::RangeInclusive<u64>) -> usize {
     const MARGIN: u64 = 500;
     let mut stopped = 0;
-    for seed in 1..=24u64 {
+    for seed in seeds {
         let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let mut next = |n: u64| {
             rng ^= rng << 13;
@@ -286,11 +303,11 @@ fn a_node_downed_in_random_partitions_is_fenced_within_the_down_margin() {
             rng ^= rng << 17;
             rng % n
         };
-        let (mut sim, _) = Sim::cluster(5);
+        let (mut sim, _) = Sim::cluster(nodes);
         let mut since: BTreeMap<(usize, usize), u64> = BTreeMap::new();
         for _ in 0..6 {
-            let side: Vec<usize> = (0..5).filter(|_| next(2) == 0).collect();
-            let other: Vec<usize> = (0..5).filter(|i| !side.contains(i)).collect();
+            let side: Vec<usize> = (0..nodes).filter(|_| next(2) == 0).collect();
+            let other: Vec<usize> = (0..nodes).filter(|i| !side.contains(i)).collect();
             match next(3) {
                 0 => sim.cut_one_way(&side, &other),
                 1 => sim.cut_one_way(&other, &side),
@@ -303,13 +320,14 @@ fn a_node_downed_in_random_partitions_is_fenced_within_the_down_margin() {
                 while sim.now < end {
                     sim.step();
                     let now = sim.now;
-                    let pairs = overlaps(&sim, 5);
+                    let pairs = overlaps(&sim, nodes);
                     since.retain(|p, _| pairs.contains(p));
                     for p in pairs {
                         let from = *since.entry(p).or_insert(now);
                         assert!(
                             now - from < MARGIN,
-                            "seed {seed}: {} sees {} down, both unfenced, since {from} ms (now {now})",
+                            "{nodes} nodes, seed {seed}: {} sees {} down, both unfenced, \
+                             since {from} ms (now {now})",
                             p.0,
                             p.1
                         );
@@ -318,8 +336,7 @@ fn a_node_downed_in_random_partitions_is_fenced_within_the_down_margin() {
                 sim.heal();
             }
         }
-        stopped += (0..5).filter(|i| !sim.node(*i).alive).count();
+        stopped += (0..nodes).filter(|i| !sim.node(*i).alive).count();
     }
-    // The schedules do down nodes (else they would check nothing).
-    assert!(stopped >= 24, "only {stopped} nodes stopped");
+    stopped
 }

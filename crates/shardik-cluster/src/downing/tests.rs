@@ -578,7 +578,7 @@ fn a_partition_across_a_broken_link_lets_only_one_side_go_on() {
 }
 
 #[test]
-fn a_node_that_cannot_speak_reads_its_flag_as_the_side_flagging_it_does() {
+fn a_node_that_cannot_speak_knows_that_the_side_flagging_it_downs_it() {
     // n1 no longer hears n0 and flagged it; n0 still hears everyone. The view of n1's side
     // has no mark from n0 (its gossip does not get there), n0's own view always has its own.
     let mut theirs = cluster(3);
@@ -591,11 +591,11 @@ fn a_node_that_cannot_speak_reads_its_flag_as_the_side_flagging_it_does() {
     // n1's side downs n0.
     assert_eq!(decide_on(&theirs, 1, &c).down, set(&[0]));
     assert_eq!(decide_on(&theirs, 2, &c).down, set(&[0]));
-    // n0's own mark is no evidence that the others hear it: it does not read a broken link
-    // (which would have it down n1), it decides nothing about the others...
-    assert_eq!(decide(&mine, &n(0), stable(), &c), None);
-    // ...and knows that the others would down it.
+    // n0 reads a broken link on its own view (its own mark says it still talks to the
+    // rest) and would down n1, the younger end; but it knows the others may read a lost
+    // node, so it is fenced (and a fenced node does not apply that decision).
+    assert_eq!(decide_on(&mine, 0, &c).down, set(&[1]));
     assert!(would_down(&mine, &n(0), &c));
     assert!(!would_down(&theirs, &n(1), &c));
-    assert!(!would_down(&mine, &n(2), &c));
+    assert!(!would_down(&theirs, &n(2), &c));
 }
