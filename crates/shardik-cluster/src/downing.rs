@@ -363,12 +363,16 @@ fn cover(
             .iter()
             .filter_map(|n| {
                 let degree = edges.iter().filter(|(o, s)| *o == n || *s == n).count();
+                let flagged = edges.iter().any(|(_, s)| *s == n);
                 let member = gossip.member(n)?;
-                (degree > 0).then(|| (degree, member.age_key(), n))
+                (degree > 0).then(|| (degree, flagged, member.age_key(), n))
             })
-            // most flags, then youngest (largest age key)
-            .max_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)))
-            .map(|(_, _, n)| n.clone());
+            // Most flags, then a flagged node before one that only flags others (a flagged
+            // node learns of its flag and is fenced for it; an observer cannot know that its
+            // flags make it the end to down, and its flags may be stale: cleared since, with
+            // the news still on its way), then the youngest (largest age key).
+            .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| a.2.cmp(&b.2)))
+            .map(|(_, _, _, n)| n.clone());
         let Some(pick) = pick else { break };
         edges.retain(|(o, s)| **o != pick && **s != pick);
         out.insert(pick);
@@ -465,8 +469,17 @@ fn decide_counted(reach: &[&Member], unreach: &[&Member], strategy: &Strategy) -
     }
 }
 
-/// What the stability timer compares: member states and the unreachable set.
-type Snapshot = (Vec<(UniqueAddress, MemberStatus)>, BTreeSet<UniqueAddress>);
+/// What the stability timer compares: member states, the flagged members, and which of them
+/// flag others in turn. The last tells a lost node from a broken link: a member already
+/// flagged that now flags one of its observers back turns a lost node into a broken link (or
+/// the other way round), and a decision taken at once on the new picture would give the
+/// nodes it downs no time to learn it. More observers flagging the same member (as after a
+/// crash, each at its own time) change nothing.
+type Snapshot = (
+    Vec<(UniqueAddress, MemberStatus)>,
+    BTreeSet<UniqueAddress>,
+    BTreeSet<UniqueAddress>,
+);
 
 /// Tracks how long membership and reachability have been unchanged, for `stable_for`.
 #[derive(Clone, Debug, Default)]
@@ -487,7 +500,15 @@ impl StabilityTimer {
             .members()
             .map(|m| (m.node.clone(), m.status))
             .collect();
-        let snapshot = (members, gossip.unreachable_members());
+        let flagged = gossip.unreachable_members();
+        let flagging: BTreeSet<UniqueAddress> = gossip
+            .reachability()
+            .records()
+            .map(|(o, _)| o)
+            .filter(|o| flagged.contains(*o))
+            .cloned()
+            .collect();
+        let snapshot = (members, flagged, flagging);
         if self.last.as_ref() != Some(&snapshot) {
             self.last = Some(snapshot);
             self.since = now;

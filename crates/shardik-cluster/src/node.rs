@@ -152,7 +152,7 @@ impl MembershipNode {
     /// side, `stable_after` before the winning side can even decide), or, when the ring makes
     /// it watch only some of the members (more than [`NodeConfig::monitored_by`]), once it
     /// lost more than half of the peers it watches (its own view then cannot show that it is cut off from most of the
-    /// cluster). It stays fenced until that picture is gone, gossip arrived from a majority
+    /// cluster), and while any live member flags it. It stays fenced until that is over, gossip arrived from a majority
     /// of the live members, **and** its view has converged (every `Up` or `Leaving` member
     /// has seen it, every unreachable member is `Down` or `Exiting`): a member that downed
     /// it meanwhile holds that decision in any view it has seen, so the decision reaches this
@@ -305,6 +305,18 @@ impl MembershipNode {
             }
             return;
         }
+        // A state that has this node down or removed is final, whoever sends it: even a
+        // node this one holds down in turn (after crossed decisions each side of a split
+        // may hold the other down, and this is how both learn it and stop, rather than both
+        // going on).
+        let downed_me = remote.tombstones().contains(&me)
+            || remote
+                .member(&me)
+                .is_some_and(|m| m.status == MemberStatus::Down);
+        if downed_me {
+            self.gossip.receive(&remote, &me);
+            return;
+        }
         let sender_dead = self.gossip.tombstones().contains(&from)
             || self
                 .gossip
@@ -347,20 +359,52 @@ impl MembershipNode {
         let stable_for = self.stability.observe(&self.gossip, now);
         if self.gossip.leader(&me).as_ref() == Some(&me) {
             let decision = decide(&self.gossip, &me, stable_for, &self.config.downing);
-            // A fenced node is on a side that would lose: its view of the others cannot be
-            // trusted (with a partial ring it watches only some of them, and the flags of the
-            // side it cannot hear do not reach it), so it only ever downs its own side,
-            // itself included, never others alone.
-            let decision = decision.filter(|d| !self.fence.active || d.down.contains(&me));
             if let Some(d) = decision {
+                // A fenced node cannot trust its view of the others (with a partial ring it
+                // watches only some of them, the flags of a side it cannot hear do not reach
+                // it, the members on its side of a cut see each other's marks where the
+                // other side does not, and just after a partition heals its view still holds
+                // flags their observers have cleared). While its picture loses, it downs
+                // only itself (the rest of its side does the same, each in turn as the
+                // leader of what is left, or is downed by the other side); fenced for any
+                // other reason (flagged by someone, or waiting for its view to converge), it
+                // also downs the members its own detector flags: downing a crashed member is
+                // what lets its view converge.
+                let fenced = self.fence.active;
+                let losing = fenced && self.losing();
                 let mut changed = false;
                 for n in &d.down {
-                    // An end of a broken link still talks to the rest: it is downed once it
-                    // has seen this view, and then reads the same picture and has fenced
-                    // itself. Before, the flag behind the decision may be one its observer
-                    // has cleared since, and the node would go on, unaware, while this side
-                    // takes over its work.
-                    if d.broken_links.contains(n) && *n != me && !self.gossip.has_seen(n) {
+                    let flagged_by_me = self.gossip.reachability().is_unreachable_by(&me, n);
+                    if fenced && *n != me && (losing || !flagged_by_me) {
+                        continue;
+                    }
+                    // An end of a broken link that nobody flags (only its own flags put it
+                    // there) still talks to the rest: it is downed once it has seen this
+                    // view, and then (as a rule: its seen set may lack marks this one has)
+                    // reads the same picture and has fenced itself. Before, its flag behind
+                    // the decision may be one it has cleared since, and it would go on,
+                    // unaware, while this side takes over its work. (A flagged end may be
+                    // gone for good and never see anything: it is downed like any
+                    // unreachable member.)
+                    if d.broken_links.contains(n)
+                        && *n != me
+                        && !self.gossip.has_seen(n)
+                        && self.gossip.is_reachable(n)
+                    {
+                        continue;
+                    }
+                    // A member others flag but whose heartbeats this node gets now is not
+                    // downed as lost: those flags may be from a partition that has just
+                    // healed (their observers clear them on their next heartbeat; the member
+                    // may never have been cut off long enough to learn of them and fence
+                    // itself), or it is a broken link, which its seen mark turns into one
+                    // soon. Either way the picture changes.
+                    if !d.broken_links.contains(n)
+                        && *n != me
+                        && !self.gossip.is_reachable(n)
+                        && !self.gossip.reachability().is_unreachable_by(&me, n)
+                        && self.detectors.get(n).is_some_and(|d| d.is_available(now))
+                    {
                         continue;
                     }
                     changed |= self.gossip.set_status(n, MemberStatus::Down) == Ok(true);
@@ -549,9 +593,25 @@ impl MembershipNode {
         partial && majority_rule && lost.len() * 2 > self.detectors.len()
     }
 
+    /// Whether a live member flags this node: some member cannot hear it, and a decision
+    /// somewhere may down it whatever this node's own picture says (the resolver reads a
+    /// flag by the marks in the seen set, and the members on this side of a cut see each
+    /// other's marks where the flagging side does not).
+    fn flagged(&self) -> bool {
+        let me = self.self_node();
+        self.is_member()
+            && self.gossip.reachability().records().any(|(o, s)| {
+                s == me
+                    && self
+                        .gossip
+                        .member(o)
+                        .is_some_and(|m| m.status != MemberStatus::Down)
+            })
+    }
+
     fn update_fence(&mut self, out: &mut Vec<Action>) {
         let was = self.fence.active;
-        if self.losing() {
+        if self.losing() || self.flagged() {
             self.fence.active = true;
             self.fence.heard.clear();
         } else if self.fence.active {

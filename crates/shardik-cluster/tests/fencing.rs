@@ -206,18 +206,18 @@ fn flags(sim: &Sim, viewer: usize, observer: usize, subject: usize) -> bool {
 }
 
 #[test]
-fn gossip_predating_the_winners_decision_does_not_lift_the_fence() {
+fn a_leader_that_hears_a_member_does_not_down_it_on_stale_flags() {
     // Nodes 0 and 1 are cut off from 2, 3 and 4 and fenced. Node 2, the majority's leader,
-    // hears them again first and clears its flags; 3 and 4 still flag them, so 2's resolver
-    // goes on and downs them, and that decision is lost on the way out (here: node 2's gossip
-    // is dropped from then on, its heartbeats are not). Then 0 and 1 hear 3 and 4 again: the
-    // losing picture is gone from 0's view and it has heard from 1, 3 and 4 (a majority,
-    // counting itself), all from before the decision. Lifting the fence on that would let 0
-    // run what 2's side takes over: it stays until 2 has seen 0's view.
+    // hears them again first and clears its flags; 3 and 4 still flag them (their cleared
+    // flags would be on the way). Deciding on 3's and 4's flags would down two nodes that
+    // 2 itself hears, whose fence is about to be lifted; and if that decision were lost on
+    // the way out (here: node 2's gossip is dropped from then on, its heartbeats are not),
+    // 0 would hear from 1, 3 and 4 (a majority, counting itself), all from before it, and
+    // lift its fence (before 2026-11-27 it did). Node 2 downs neither.
     let mut sim = Sim::new();
     for i in 0..5 {
         let mut config = Sim::config(uid(i, 1));
-        // Time for node 2 to clear its flags before it decides.
+        // Time for node 2 to clear its flags before it could decide.
         config.downing.stable_after = std::time::Duration::from_secs(6);
         sim.start_with(config);
     }
@@ -238,105 +238,154 @@ fn gossip_predating_the_winners_decision_does_not_lift_the_fence() {
     sim.run_until(4_000, "0 has node 2's cleared flags", |s| {
         [0, 1].iter().all(|x| !flags(s, 0, 2, *x))
     });
-    assert_ne!(sim.status(2, &uid(0, 1)), Some(MemberStatus::Down));
     sim.cut_gossip(&[2], &[0, 1, 3, 4]);
-    sim.run_until(8_000, "node 2 downed node 0", |s| {
-        s.status(2, &uid(0, 1)) == Some(MemberStatus::Down)
-    });
+    // Well past node 2's `stable_after` on 3's and 4's flags.
+    for _ in 0..160 {
+        sim.step();
+        assert_eq!(overlaps(&sim, 5), [], "at {} ms", sim.now);
+        assert_ne!(
+            sim.status(2, &uid(0, 1)),
+            Some(MemberStatus::Down),
+            "at {} ms",
+            sim.now
+        );
+    }
     sim.heal_between(&[0, 1], &[3, 4]);
-    sim.run_until(3_000, "0's losing picture gone", |s| {
-        [2, 3, 4]
-            .iter()
-            .all(|o| [0, 1].iter().all(|x| !flags(s, 0, *o, *x)))
-    });
     for _ in 0..100 {
         sim.step();
         assert_eq!(overlaps(&sim, 5), [], "at {} ms", sim.now);
     }
-    assert!(
-        sim.node(0).node.is_fenced(),
-        "0 unfenced without 2 having seen it"
-    );
-    // Once node 2's decision gets out, 0 and 1 learn that they are down.
+    // Healed: whoever is still running forms one cluster (3 and 4, which read 2's stale
+    // flags on 0 and 1 against 0's and 1's on them for longer than `stable_after`, may have
+    // stopped), with nobody fenced and no overlap on the way.
     sim.heal();
-    sim.run_until(5_000, "0 and 1 stopped", |s| {
-        !s.node(0).alive && !s.node(1).alive
-    });
-    for _ in 0..40 {
+    for _ in 0..200 {
         sim.step();
         assert_eq!(overlaps(&sim, 5), [], "at {} ms", sim.now);
     }
+    let alive: Vec<usize> = (0..5).filter(|i| sim.node(*i).alive).collect();
+    assert!(alive.contains(&0) && alive.contains(&1) && alive.contains(&2));
+    let alive_ids: Vec<_> = alive.iter().map(|i| uid(*i, 1)).collect();
+    assert!(sim.all_up(&alive, &alive_ids), "one cluster of {alive:?}");
+    assert!(alive.iter().all(|i| !sim.node(*i).node.is_fenced()));
 }
 
 #[test]
 fn a_node_downed_in_random_partitions_is_fenced_within_the_down_margin() {
     // Seeded schedules of cuts (both ways and one way) and heals at random moments, so that
     // heals land before, at and after the resolvers' decisions. Checked on every step: a
-    // node that an unfenced node sees `Down` is fenced (or gone) before cluster sharding's
-    // `down_margin` (500 ms) has passed, the wait after which its shards move. Not at once:
-    // a decision on a broken link can down a node whose own view gave it no reason to stop,
-    // and that node learns it one gossip later.
-    let stopped: usize = [
+    // node that an unfenced node sees `Down` or removed is fenced (or gone) before cluster
+    // sharding's `down_margin` (500 ms) has passed, the wait after which its shards move.
+    // Not at once: a decision on a broken link can down a node whose own view gave it no
+    // reason to stop, and that node learns it one gossip later. Then, healed for good, the
+    // nodes still running form one cluster, all `Up`, none fenced. (`sweep_random_partitions`
+    // runs thousands of these; the seeds here include ones that failed before a fix.)
+    let mut stopped = 0;
+    for (nodes, seeds) in [
         (3, 1..=8),
         (4, 1..=12),
         (5, 1..=24),
         (6, 1..=12),
         (7, 20..=27),
-    ]
-    .into_iter()
-    .map(|(nodes, seeds)| random_partitions(nodes, seeds))
-    .sum();
+        (7, 296..=300),
+        (8, 120..=125),
+    ] {
+        for seed in seeds {
+            stopped += random_partitions(nodes, seed);
+        }
+    }
     // The schedules do down nodes (else they would check nothing).
     assert!(stopped >= 50, "only {stopped} nodes stopped");
 }
 
-/// Runs the seeded schedules of [`a_node_downed_in_random_partitions_is_fenced_within_the_down_margin`]
-/// on clusters of `nodes`; returns how many nodes were stopped in all.
-fn random_partitions(nodes: usize, seeds: std::ops::RangeInclusive<u64>) -> usize {
-    const MARGIN: u64 = 500;
-    let mut stopped = 0;
-    for seed in seeds {
-        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
-        let (mut sim, _) = Sim::cluster(nodes);
-        let mut since: BTreeMap<(usize, usize), u64> = BTreeMap::new();
-        for _ in 0..6 {
-            let side: Vec<usize> = (0..nodes).filter(|_| next(2) == 0).collect();
-            let other: Vec<usize> = (0..nodes).filter(|i| !side.contains(i)).collect();
-            match next(3) {
-                0 => sim.cut_one_way(&side, &other),
-                1 => sim.cut_one_way(&other, &side),
-                _ => sim.cut(&side, &other),
-            }
-            let cut_for = 1_000 + next(5_000);
-            let healed_for = 500 + next(3_000);
-            for ms in [cut_for, healed_for] {
-                let end = sim.now + ms;
-                while sim.now < end {
-                    sim.step();
-                    let now = sim.now;
-                    let pairs = overlaps(&sim, nodes);
-                    since.retain(|p, _| pairs.contains(p));
-                    for p in pairs {
-                        let from = *since.entry(p).or_insert(now);
-                        assert!(
-                            now - from < MARGIN,
-                            "{nodes} nodes, seed {seed}: {} sees {} down, both unfenced, \
-                             since {from} ms (now {now})",
-                            p.0,
-                            p.1
-                        );
-                    }
-                }
-                sim.heal();
+/// Many more schedules than the test above, reporting how many fail per cluster size
+/// (`cargo test --release --test fencing sweep -- --ignored --nocapture`; a few minutes).
+#[test]
+#[ignore = "a sweep of thousands of schedules, run by hand"]
+fn sweep_random_partitions() {
+    let mut failed = Vec::new();
+    for (nodes, seeds) in [
+        (3, 1..=1000),
+        (4, 1..=1000),
+        (5, 1..=1000),
+        (6, 1..=500),
+        (7, 1..=500),
+        (8, 1..=200),
+    ] {
+        for seed in seeds {
+            if std::panic::catch_unwind(|| random_partitions(nodes, seed)).is_err() {
+                failed.push((nodes, seed));
             }
         }
-        stopped += (0..nodes).filter(|i| !sim.node(*i).alive).count();
     }
-    stopped
+    eprintln!("failed (nodes, seed): {failed:?}");
+    assert!(failed.is_empty(), "{} schedules failed", failed.len());
+}
+
+/// One seeded schedule of [`a_node_downed_in_random_partitions_is_fenced_within_the_down_margin`]
+/// on a cluster of `nodes`; returns how many nodes were stopped.
+fn random_partitions(nodes: usize, seed: u64) -> usize {
+    const MARGIN: u64 = 500;
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let (mut sim, _) = Sim::cluster(nodes);
+    let mut since: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+    for _ in 0..6 {
+        let side: Vec<usize> = (0..nodes).filter(|_| next(2) == 0).collect();
+        let other: Vec<usize> = (0..nodes).filter(|i| !side.contains(i)).collect();
+        match next(3) {
+            0 => sim.cut_one_way(&side, &other),
+            1 => sim.cut_one_way(&other, &side),
+            _ => sim.cut(&side, &other),
+        }
+        let cut_for = 1_000 + next(5_000);
+        let healed_for = 500 + next(3_000);
+        for ms in [cut_for, healed_for] {
+            let end = sim.now + ms;
+            while sim.now < end {
+                sim.step();
+                let now = sim.now;
+                let pairs = overlaps(&sim, nodes);
+                since.retain(|p, _| pairs.contains(p));
+                for p in pairs {
+                    let from = *since.entry(p).or_insert(now);
+                    assert!(
+                        now - from < MARGIN,
+                        "{nodes} nodes, seed {seed}: {} sees {} down, both unfenced, \
+                         since {from} ms (now {now})",
+                        p.0,
+                        p.1
+                    );
+                }
+            }
+            sim.heal();
+        }
+    }
+    // Healed for good: the nodes still running form one cluster, all `Up`, none fenced (a
+    // fence that waits for a convergence only a fenced node could bring about would stay).
+    sim.run_for(20_000);
+    let alive: Vec<usize> = (0..nodes).filter(|i| sim.node(*i).alive).collect();
+    for i in &alive {
+        let n = &sim.node(*i).node;
+        assert!(
+            !n.is_fenced(),
+            "{nodes} nodes, seed {seed}: {i} still fenced"
+        );
+        let ups = n
+            .gossip()
+            .members()
+            .filter(|m| m.status == MemberStatus::Up)
+            .count();
+        assert_eq!(
+            ups,
+            alive.len(),
+            "{nodes} nodes, seed {seed}: {i} sees {ups} up"
+        );
+    }
+    (0..nodes).filter(|i| !sim.node(*i).alive).count()
 }

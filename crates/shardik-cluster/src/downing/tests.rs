@@ -592,9 +592,9 @@ fn a_node_that_cannot_speak_knows_that_the_side_flagging_it_downs_it() {
     assert_eq!(decide_on(&theirs, 1, &c).down, set(&[0]));
     assert_eq!(decide_on(&theirs, 2, &c).down, set(&[0]));
     // n0 reads a broken link on its own view (its own mark says it still talks to the
-    // rest) and would down n1, the younger end; but it knows the others may read a lost
-    // node, so it is fenced (and a fenced node does not apply that decision).
-    assert_eq!(decide_on(&mine, 0, &c).down, set(&[1]));
+    // rest), whose flagged end goes: itself, as the other side decides.
+    assert_eq!(decide_on(&mine, 0, &c).down, set(&[0]));
+    // It knows that the others would down it.
     assert!(would_down(&mine, &n(0), &c));
     assert!(!would_down(&theirs, &n(1), &c));
     assert!(!would_down(&theirs, &n(2), &c));

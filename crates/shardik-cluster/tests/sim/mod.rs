@@ -347,14 +347,18 @@ impl Sim {
 }
 
 /// The pairs of live nodes (of the first `n`, incarnation 1) that could both run what must
-/// run once: `x` is not fenced and sees `y` as `Down` (so what ran on `y` may start on `x`'s
-/// side), while `y`, alive, is not fenced either.
+/// run once: `x` is not fenced and sees `y` as `Down` or removed (so what ran on `y` may
+/// start on `x`'s side), while `y`, alive, is not fenced either.
 pub fn overlaps(sim: &Sim, n: usize) -> Vec<(usize, usize)> {
     let free = |i: usize| sim.node(i).alive && !sim.node(i).node.is_fenced();
     (0..n)
         .flat_map(|x| (0..n).map(move |y| (x, y)))
         .filter(|&(x, y)| {
-            x != y && free(x) && free(y) && sim.status(x, &uid(y, 1)) == Some(MemberStatus::Down)
+            x != y
+                && free(x)
+                && free(y)
+                && (sim.status(x, &uid(y, 1)) == Some(MemberStatus::Down)
+                    || sim.node(x).node.gossip().tombstones().contains(&uid(y, 1)))
         })
         .collect()
 }
