@@ -108,7 +108,7 @@ impl<'a> Sides<'a> {
     /// Live (not `Down`) members split by `unreachable`, leaving out `excluded`, as
     /// `self_node` sees them: its own side is the one it is on. A node that others flag
     /// (they cannot hear it, while it hears them and gets their flags) is on the flagged
-    /// side, with the others it flagged along with it; counting it with the side that
+    /// side, with the others flagged along with it; counting it with the side that
     /// cannot hear it would have it decide on a picture that neither side has.
     fn new(
         g: &'a Gossip,
@@ -471,8 +471,8 @@ fn decide_counted(reach: &[&Member], unreach: &[&Member], strategy: &Strategy) -
 
 /// What the stability timer compares: member states, the flagged members, and which of them
 /// flag others in turn. The last tells a lost node from a broken link: a member already
-/// flagged that now flags one of its observers back turns a lost node into a broken link (or
-/// the other way round), and a decision taken at once on the new picture would give the
+/// flagged that starts flagging others (its observers, say) turns a lost node into a broken
+/// link (or the other way round), and a decision taken at once on the new picture would give the
 /// nodes it downs no time to learn it. More observers flagging the same member (as after a
 /// crash, each at its own time) change nothing.
 type Snapshot = (

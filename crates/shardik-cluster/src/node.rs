@@ -152,7 +152,7 @@ impl MembershipNode {
     /// side, `stable_after` before the winning side can even decide), or, when the ring makes
     /// it watch only some of the members (more than [`NodeConfig::monitored_by`]), once it
     /// lost more than half of the peers it watches (its own view then cannot show that it is cut off from most of the
-    /// cluster), and while any live member flags it. It stays fenced until that is over, gossip arrived from a majority
+    /// cluster). It stays fenced until that is over, gossip arrived from a majority
     /// of the live members, **and** its view has converged (every `Up` or `Leaving` member
     /// has seen it, every unreachable member is `Down` or `Exiting`): a member that downed
     /// it meanwhile holds that decision in any view it has seen, so the decision reaches this
@@ -360,37 +360,33 @@ impl MembershipNode {
         if self.gossip.leader(&me).as_ref() == Some(&me) {
             let decision = decide(&self.gossip, &me, stable_for, &self.config.downing);
             if let Some(d) = decision {
-                // A fenced node cannot trust its view of the others (with a partial ring it
-                // watches only some of them, the flags of a side it cannot hear do not reach
-                // it, the members on its side of a cut see each other's marks where the
-                // other side does not, and just after a partition heals its view still holds
-                // flags their observers have cleared). While its picture loses, it downs
-                // only itself (the rest of its side does the same, each in turn as the
-                // leader of what is left, or is downed by the other side); fenced for any
-                // other reason (flagged by someone, or waiting for its view to converge), it
-                // also downs the members its own detector flags: downing a crashed member is
-                // what lets its view converge.
-                let fenced = self.fence.active;
-                let losing = fenced && self.losing();
+                // A fenced node cannot fully trust its view of the others. While the resolver
+                // on its view downs it, it downs only itself (the rest of its side does the
+                // same, each in turn as the leader of what is left, or is downed by the other
+                // side): its idea of who is on its side may be wrong. Fenced because it lost
+                // most of the peers it watches (a partial ring), it downs another member only
+                // if some member that nobody flags flags it too: an isolated node that watches
+                // few peers sees only its own flags, the leader of a majority sees its
+                // side's. Fenced while its view converges, it decides as usual: downing a
+                // crashed member is what lets its view converge.
+                let (picture_loses, lost_most) = if self.fence.active {
+                    self.losing_why()
+                } else {
+                    (false, false)
+                };
                 let mut changed = false;
                 for n in &d.down {
-                    let flagged_by_me = self.gossip.reachability().is_unreachable_by(&me, n);
-                    if fenced && *n != me && (losing || !flagged_by_me) {
+                    if *n != me && (picture_loses || (lost_most && !self.corroborated(n))) {
                         continue;
                     }
-                    // An end of a broken link that nobody flags (only its own flags put it
-                    // there) still talks to the rest: it is downed once it has seen this
-                    // view, and then (as a rule: its seen set may lack marks this one has)
-                    // reads the same picture and has fenced itself. Before, its flag behind
-                    // the decision may be one it has cleared since, and it would go on,
-                    // unaware, while this side takes over its work. (A flagged end may be
-                    // gone for good and never see anything: it is downed like any
-                    // unreachable member.)
-                    if d.broken_links.contains(n)
-                        && *n != me
-                        && !self.gossip.has_seen(n)
-                        && self.gossip.is_reachable(n)
-                    {
+                    // An end of a broken link that nobody flags (only its own flags make it
+                    // one, as for a node that cannot hear some others) is not downed by
+                    // others: its flags may be ones it has cleared since (the news still on
+                    // its way), and it cannot know that it is the end to down, so it would go
+                    // on, unaware, while this side takes over its work. If it cannot hear most
+                    // of the cluster, its own resolver downs it. (A flagged end may be gone
+                    // for good: it is downed like any unreachable member.)
+                    if d.broken_links.contains(n) && *n != me && self.gossip.is_reachable(n) {
                         continue;
                     }
                     // A member others flag but whose heartbeats this node gets now is not
@@ -542,9 +538,17 @@ impl MembershipNode {
     /// Whether the current view is one on which this node would be downed (see
     /// [`is_fenced`](Self::is_fenced)).
     fn losing(&self) -> bool {
+        let (resolver, most_watched) = self.losing_why();
+        resolver || most_watched
+    }
+
+    /// Why this node would be downed: the resolver's decision on its view (with silent
+    /// watched peers counted as flagged), and, with a partial ring, having lost more than half
+    /// of the peers it watches.
+    fn losing_why(&self) -> (bool, bool) {
         let me = self.self_node();
         if !self.is_member() {
-            return false;
+            return (false, false);
         }
         // Watched peers this node lost: flagged by its detector, or silent for `fence_after`
         // (a hard bound that does not grow with the detector's variance on a busy machine).
@@ -565,7 +569,7 @@ impl MembershipNode {
             .filter(|p| !self.gossip.reachability().is_unreachable_by(me, p))
             .collect();
         if self.gossip.reachability().records().next().is_none() && lost.is_empty() {
-            return false;
+            return (false, false);
         }
         // The resolver's decision on this view, taken now rather than after `stable_after`.
         let down_me = |g: &Gossip| would_down(g, me, &self.config.downing);
@@ -581,7 +585,7 @@ impl MembershipNode {
             down_me(&g)
         };
         if resolver {
-            return true;
+            return (true, false);
         }
         // With a partial ring the own flags do not show a cut-off from most members: count
         // the watched peers lost instead (strategies where only a majority goes on).
@@ -590,28 +594,29 @@ impl MembershipNode {
             self.config.downing.strategy,
             Strategy::KeepMajority | Strategy::StaticQuorum { .. }
         );
-        partial && majority_rule && lost.len() * 2 > self.detectors.len()
+        (
+            false,
+            partial && majority_rule && lost.len() * 2 > self.detectors.len(),
+        )
     }
 
-    /// Whether a live member flags this node: some member cannot hear it, and a decision
-    /// somewhere may down it whatever this node's own picture says (the resolver reads a
-    /// flag by the marks in the seen set, and the members on this side of a cut see each
-    /// other's marks where the flagging side does not).
-    fn flagged(&self) -> bool {
+    /// Whether a live member other than this node, which nobody flags, flags `n`.
+    fn corroborated(&self, n: &UniqueAddress) -> bool {
         let me = self.self_node();
-        self.is_member()
-            && self.gossip.reachability().records().any(|(o, s)| {
-                s == me
-                    && self
-                        .gossip
-                        .member(o)
-                        .is_some_and(|m| m.status != MemberStatus::Down)
-            })
+        self.gossip.reachability().records().any(|(o, s)| {
+            s == n
+                && o != me
+                && self.gossip.is_reachable(o)
+                && self
+                    .gossip
+                    .member(o)
+                    .is_some_and(|m| m.status != MemberStatus::Down)
+        })
     }
 
     fn update_fence(&mut self, out: &mut Vec<Action>) {
         let was = self.fence.active;
-        if self.losing() || self.flagged() {
+        if self.losing() {
             self.fence.active = true;
             self.fence.heard.clear();
         } else if self.fence.active {
