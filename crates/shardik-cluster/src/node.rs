@@ -603,9 +603,8 @@ impl MembershipNode {
     /// Whether a live member other than this node, which nobody flags, flags `n`.
     fn corroborated(&self, n: &UniqueAddress) -> bool {
         let me = self.self_node();
-        self.gossip.reachability().records().any(|(o, s)| {
-            s == n
-                && o != me
+        self.gossip.reachability().observers_of(n).iter().any(|o| {
+            o != me
                 && self.gossip.is_reachable(o)
                 && self
                     .gossip
