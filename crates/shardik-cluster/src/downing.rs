@@ -20,7 +20,8 @@
 //! - **Indirectly connected nodes.** Flags that are not a clean partition (an observer that is
 //!   itself flagged, or a flagged node that still sees the current state) are a broken link,
 //!   not a lost side. They are left out of the counting, and one end of each broken link (the
-//!   node on most such flags, then the youngest) is downed: a flaky link between two nodes
+//!   node on most such flags, then a flagged node before one that only flags, then the
+//!   youngest) is downed: a flaky link between two nodes
 //!   costs one node, and never makes the healthy rest a "minority". (Akka downs both ends.)
 
 use std::collections::BTreeSet;
@@ -92,9 +93,10 @@ pub struct Decision {
     pub kind: DecisionKind,
     /// The members to mark `Down`.
     pub down: BTreeSet<UniqueAddress>,
-    /// The members of `down` downed as one end of a broken link (indirectly connected):
-    /// they still talk to the rest, so they can see the decision's view before it is
-    /// applied to them (see [`crate::node`]).
+    /// The members of `down` downed as one end of a broken link (indirectly connected).
+    /// They still talk to the rest, so the node applying the decision treats them apart: one
+    /// that nobody flags (only its own flags make it an end) is left to down itself (see
+    /// [`crate::node`]).
     pub broken_links: BTreeSet<UniqueAddress>,
 }
 
@@ -343,7 +345,8 @@ fn indirectly_connected(
 }
 
 /// The indirectly connected nodes to down: a small set that touches every flag between
-/// them, picked greedily (the node on most remaining flags first, then the youngest), so a
+/// them, picked greedily (the node on most remaining flags first, then a flagged node before
+/// one that only flags others, then the youngest), so a
 /// flaky link costs one of its two ends, not both and not the nodes around it. Akka downs
 /// every indirectly connected node; this keeps more of the cluster and is just as
 /// deterministic.
