@@ -82,6 +82,10 @@ pub struct RemoteConfig {
 }
 
 impl RemoteConfig {
+    /// The longest any of the configuration's durations may be (one year); `Remote::start`
+    /// refuses a longer one.
+    pub const MAX_DURATION: Duration = Duration::from_secs(365 * 86_400);
+
     /// A configuration for node `node_id` in cluster `cluster`, listening on `127.0.0.1:0`,
     /// with no secret and the defaults above.
     pub fn new(node_id: impl Into<String>, cluster: impl Into<String>) -> Self {
@@ -215,6 +219,23 @@ impl RemoteConfig {
         }
         if self.max_reply_wait < Duration::from_secs(1) {
             return Err("max_reply_wait must be at least 1 s".into());
+        }
+        // Deadlines are computed as `now + duration`, which a near-`Duration::MAX` value
+        // would overflow (a panic in the task computing it).
+        for (name, d) in [
+            ("handshake_timeout", self.handshake_timeout),
+            ("backoff_min", self.backoff_min),
+            ("backoff_max", self.backoff_max),
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("idle_timeout", self.idle_timeout),
+            ("max_reply_wait", self.max_reply_wait),
+        ] {
+            if d > Self::MAX_DURATION {
+                return Err(format!(
+                    "{name} must be at most {} days, got {d:?}",
+                    Self::MAX_DURATION.as_secs() / 86_400
+                ));
+            }
         }
         Ok(())
     }

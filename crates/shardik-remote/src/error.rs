@@ -114,4 +114,20 @@ pub enum DecodeError {
     /// The recipient actor has stopped or its mailbox refused the message.
     #[error("recipient refused the message: {0}")]
     Refused(String),
+    /// Decoding the payload panicked (a `Deserialize` implementation or a decoder registered
+    /// with [`Remote::register_decoder`](crate::Remote::register_decoder)). The message is
+    /// dropped and the connection goes on.
+    #[error("decoding the payload panicked: {0}")]
+    Panicked(String),
+}
+
+/// The message of a caught panic, for errors and logs.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
 }

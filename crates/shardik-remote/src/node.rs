@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::codec::{BodyCodec, HANDSHAKE_MAX_FRAME_LEN};
 use crate::config::RemoteConfig;
-use crate::error::{DecodeError, HandshakeError, RemoteError};
+use crate::error::{panic_message, DecodeError, HandshakeError, RemoteError};
 use crate::frame::{Envelope, Frame, HeaderCache, Lane, NodeIdentity, RejectReason, ReplyFailure};
 use crate::handshake::{self, Local};
 use crate::peer::{ConnSlot, ConnectionInfo, Installed, Peer, Restarted};
@@ -30,6 +30,45 @@ use crate::stats::{should_log, Counters, RemoteEvent};
 /// Frames a connection reader handles in one go before it looks at cancellation again.
 const READ_BURST: usize = 256;
 
+/// `s`, or its first 200 bytes (on a character boundary) and a marker if it is longer: for
+/// logging and echoing strings that came from the network.
+fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 200;
+    if s.len() <= MAX {
+        return s.into();
+    }
+    let end = (0..=MAX)
+        .rev()
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}… ({} bytes)", &s[..end], s.len()).into()
+}
+
+/// The known peers, and the size at which creating one looks for idle ones first.
+struct Peers {
+    map: HashMap<Arc<str>, Arc<Peer>>,
+    look_again_at: usize,
+}
+
+impl Default for Peers {
+    fn default() -> Self {
+        Peers {
+            map: HashMap::new(),
+            look_again_at: MIN_PEERS_BEFORE_LOOKING,
+        }
+    }
+}
+
+/// Below this many peers, creating one does not look for idle ones (the periodic sweep
+/// still does).
+const MIN_PEERS_BEFORE_LOOKING: usize = 64;
+
+/// A peer whose last connection ended less than this long ago is not forgotten yet.
+const PEER_GRACE: Duration = Duration::from_secs(30);
+
+/// How long a closing connection's writer may take to flush and shut its stream down.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// At most this many connections may be in their handshake at once; more are closed at once.
 const MAX_PENDING_HANDSHAKES: usize = 256;
 
@@ -39,7 +78,7 @@ pub(crate) struct Node {
     pub(crate) local: Local,
     /// This node's advertised address.
     pub(crate) addr: Arc<str>,
-    peers: Mutex<HashMap<Arc<str>, Arc<Peer>>>,
+    peers: Mutex<Peers>,
     pub(crate) registry: Registry,
     pub(crate) replies: Replies,
     pub(crate) counters: Counters,
@@ -62,7 +101,7 @@ impl Node {
             addr: local.me.addr.as_str().into(),
             local,
             cfg,
-            peers: Mutex::new(HashMap::new()),
+            peers: Mutex::new(Peers::default()),
             registry: Registry::default(),
             replies: Replies::new(),
             events: broadcast::channel(1024).0,
@@ -104,31 +143,86 @@ impl Node {
     }
 
     /// The peer at `addr`, created (with a dialer task per lane) on first use.
+    ///
+    /// Creating one may first forget idle peers (see [`forget_idle_peers`](Self::forget_idle_peers)),
+    /// once the map has doubled since they were last looked at: addresses learned from
+    /// messages (a `RemoteRef` inside one) must not make the map grow for good.
     pub(crate) fn peer(&self, addr: &str) -> Arc<Peer> {
-        if let Some(p) = self.peers.lock().get(addr) {
+        if let Some(p) = self.peers.lock().map.get(addr) {
             return p.clone();
         }
         let node = self.me.upgrade().expect("node is alive while used");
+        let full = {
+            let peers = self.peers.lock();
+            peers.map.len() >= peers.look_again_at
+        };
+        if full {
+            self.forget_idle_peers();
+        }
         let mut peers = self.peers.lock();
-        if let Some(p) = peers.get(addr) {
+        if let Some(p) = peers.map.get(addr) {
             return p.clone();
         }
         let peer = Peer::new(&node, addr.into());
-        peers.insert(peer.addr.clone(), peer.clone());
-        drop(peers);
         // On the actor system's runtime: the first message to a peer may be sent from a
-        // thread outside any runtime.
+        // thread outside any runtime. Spawned before the peer is in the map (and under its
+        // lock), so that `forget_idle_peers` never sees it with its dialers' references
+        // standing in for the caller's.
         for lane in Lane::ALL {
             self.tasks.spawn_on(
                 dial_loop(node.clone(), peer.clone(), lane),
                 self.system.runtime(),
             );
         }
+        peers.map.insert(peer.addr.clone(), peer.clone());
+        drop(peers);
         peer
     }
 
     pub(crate) fn existing_peer(&self, addr: &str) -> Option<Arc<Peer>> {
-        self.peers.lock().get(addr).cloned()
+        self.peers.lock().map.get(addr).cloned()
+    }
+
+    /// Peers this node knows of now.
+    pub(crate) fn peer_count(&self) -> usize {
+        self.peers.lock().map.len()
+    }
+
+    /// Forgets the peers nothing uses: no connection, dial or queued frame (none ended
+    /// within [`PEER_GRACE`]), no reference held outside the map and the peer's own dialers
+    /// (a `RemoteRef`, a connection task), and no reply slot waiting on an answer from it.
+    /// Their dialers end. Returns how many were forgotten.
+    pub(crate) fn forget_idle_peers(&self) -> usize {
+        // Read before the map is locked (never the reply slots' lock under the map's). A
+        // slot made meanwhile belongs to a request sent through a reference to its peer,
+        // which keeps the peer.
+        let waited_on = self.replies.peers_waited_on();
+        let now = std::time::Instant::now();
+        let mut peers = self.peers.lock();
+        let before = peers.map.len();
+        peers.map.retain(|addr, p| {
+            // Under the map's lock nobody can take a new reference from the map, and one
+            // taken from an outside reference would show in the count: an unused peer stays
+            // unused while it is removed.
+            let unused = Arc::strong_count(p) == 1 + Lane::ALL.len()
+                && !waited_on.contains(addr)
+                && p.is_idle(now, PEER_GRACE);
+            if unused {
+                p.retired.cancel();
+            }
+            !unused
+        });
+        let forgotten = before - peers.map.len();
+        peers.look_again_at = (peers.map.len() * 2).max(MIN_PEERS_BEFORE_LOOKING);
+        if forgotten > 0 {
+            self.counters
+                .peers_forgotten
+                .fetch_add(forgotten as u64, Ordering::Relaxed);
+            metrics::counter!("shardik_remote_peers_forgotten_total", "node" => self.counters.node().clone())
+                .increment(forgotten as u64);
+            tracing::debug!(node = %self.local.me.node_id, forgotten, left = peers.map.len(), "forgot idle peers");
+        }
+        forgotten
     }
 
     fn conn_slot(&self, info: ConnectionInfo) -> (u64, ConnSlot, CancellationToken) {
@@ -161,6 +255,21 @@ impl Node {
             first = installed.first,
             "connected"
         );
+        self.install_effects(peer, remote, installed);
+        self.open_connections(lane, 1.0);
+        self.event(RemoteEvent::Connected {
+            addr: peer.addr.to_string(),
+            node_id: remote.node_id.clone(),
+            incarnation: remote.incarnation,
+            outbound,
+            lane,
+        });
+    }
+
+    /// What installing a connection did besides adding it, whether or not the connection
+    /// then comes up: a detected restart fails the replies its old incarnation owes, and the
+    /// connections it replaced are closed.
+    fn install_effects(&self, peer: &Peer, remote: &NodeIdentity, installed: Installed) {
         if let Some(Restarted { old, cutoff }) = installed.restarted {
             tracing::info!(
                 peer = %remote.node_id,
@@ -177,14 +286,13 @@ impl Node {
                 new: remote.incarnation,
             });
         }
-        self.open_connections(lane, 1.0);
-        self.event(RemoteEvent::Connected {
-            addr: peer.addr.to_string(),
-            node_id: remote.node_id.clone(),
-            incarnation: remote.incarnation,
-            outbound,
-            lane,
-        });
+        for old in &installed.replaced {
+            self.open_connections(*old, -1.0);
+            self.event(RemoteEvent::ConnectionClosed {
+                addr: peer.addr.to_string(),
+                lane: *old,
+            });
+        }
     }
 
     fn handshake_failed(&self, addr: &str, e: &HandshakeError) {
@@ -444,10 +552,12 @@ impl Node {
                 run_connection(self.clone(), conn, reader, w).await;
             }
             Err(e) => {
-                if let Some((peer, id, cancel, info, _)) = admitted {
+                if let Some((peer, id, cancel, info, installed)) = admitted {
                     cancel.cancel();
-                    // Never reported as connected, so not as disconnected either.
+                    // Never reported as connected, so not as disconnected either; but what
+                    // it replaced is gone, and a restart it detected is not detected again.
                     peer.connection_ended(info.lane, id);
+                    self.install_effects(&peer, &info.peer, installed);
                 }
                 self.handshake_failed(&remote_sa.to_string(), &e);
             }
@@ -474,24 +584,33 @@ impl Node {
                 tracing::error!(
                     node = %self.local.me.node_id,
                     from = %peer.addr,
-                    recipient = %env.recipient,
-                    message_type = %env.type_tag,
+                    recipient = %clip(&env.recipient),
+                    message_type = %clip(&env.type_tag),
                     total = n,
                     "message for an unknown recipient dropped"
                 );
             }
+            // The path is the sender's input and may be long: the answer quotes its start
+            // only, so a failure costs less to send back than the request did.
             fail(
                 ReplyFailure::UnknownRecipient,
                 format!(
                     "no actor is registered at {} on {}",
-                    env.recipient, self.addr
+                    clip(&env.recipient),
+                    self.addr
                 ),
             );
             return;
         };
+        // A panicking `Deserialize` (or decoder) costs this message only: the reader task
+        // that runs it must go on reading the connection. The contexts set around the call
+        // are restored by their guards while the panic unwinds.
         let res = replies::dispatching(|| {
             crate::remote_ref::decoding_on(self, || {
-                with_wire_context(&peer.wire, || decoder(&env.payload))
+                with_wire_context(&peer.wire, || {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decoder(&env.payload)))
+                        .unwrap_or_else(|panic| Err(DecodeError::Panicked(panic_message(&*panic))))
+                })
             })
         });
         match res {
@@ -500,7 +619,7 @@ impl Node {
                     .messages_delivered
                     .fetch_add(1, Ordering::Relaxed);
             }
-            Err(e @ DecodeError::Payload { .. }) => {
+            Err(e @ (DecodeError::Payload { .. } | DecodeError::Panicked(_))) => {
                 let n = self.counters.bump(
                     &self.counters.decode_errors,
                     "shardik_remote_decode_errors_total",
@@ -510,7 +629,7 @@ impl Node {
                         node = %self.local.me.node_id,
                         from = %peer.addr,
                         recipient = %env.recipient,
-                        sent_type = %env.type_tag,
+                        sent_type = %clip(&env.type_tag),
                         total = n,
                         "message dropped: {e}"
                     );
@@ -634,22 +753,24 @@ async fn sleep_or_shutdown(node: &Node, d: Duration) -> bool {
 async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
     let mut backoff = node.cfg.backoff_min;
     let mut failures = 0u64;
+    // Cancelled at shutdown, or when the node forgets this peer.
+    let retired = peer.retired.clone();
     loop {
         loop {
             let woken = peer.link(lane).wake.notified();
-            if node.shutdown.is_cancelled() {
+            if retired.is_cancelled() {
                 return;
             }
             if peer.try_start_dial(lane) {
                 break;
             }
             tokio::select! {
-                _ = node.shutdown.cancelled() => return,
+                _ = retired.cancelled() => return,
                 _ = woken => {}
             }
         }
         let res = tokio::select! {
-            _ = node.shutdown.cancelled() => { peer.end_dial(lane); return }
+            _ = retired.cancelled() => { peer.end_dial(lane); return }
             r = node.dial_once(&peer, lane) => r,
         };
         peer.end_dial(lane);
@@ -672,7 +793,7 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
                 }
                 // The other lane connecting means the peer is back: retry at once.
                 tokio::select! {
-                    _ = node.shutdown.cancelled() => return,
+                    _ = retired.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
                     _ = peer.link(lane).other_up.notified() => {}
                 }
@@ -711,7 +832,7 @@ pub(crate) async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
     }
 }
 
-/// Forgets reply slots that waited longer than `max_reply_wait`.
+/// Forgets reply slots that waited longer than `max_reply_wait`, and idle peers.
 pub(crate) async fn reply_sweeper(
     node: Weak<Node>,
     every: Duration,
@@ -730,6 +851,7 @@ pub(crate) async fn reply_sweeper(
         if n > 0 {
             tracing::debug!(forgotten = n, "reply slots expired without an answer");
         }
+        node.forget_idle_peers();
     }
 }
 
@@ -787,6 +909,16 @@ async fn run_connection<R, W>(
         remote,
         cancel,
     } = conn;
+    // Ends the connection when the reader stops, however it stops: a panic in this task
+    // (a bug) must not leave the writer and heartbeat tasks running and the lane looking
+    // connected, with nothing read from it again.
+    let _end = ConnEnd {
+        node: node.clone(),
+        peer: peer.clone(),
+        lane,
+        id,
+        cancel: cancel.clone(),
+    };
     node.tasks.spawn(write_loop(
         node.clone(),
         peer.clone(),
@@ -906,17 +1038,38 @@ async fn run_connection<R, W>(
             }
         }
     }
-    cancel.cancel();
-    if let Some(last) = peer.connection_ended(lane, id) {
-        node.open_connections(lane, -1.0);
-        node.event(RemoteEvent::ConnectionClosed {
-            addr: peer.addr.to_string(),
+}
+
+/// Ends an established connection when dropped: cancels its tasks and takes it off its peer.
+struct ConnEnd {
+    node: Arc<Node>,
+    peer: Arc<Peer>,
+    lane: Lane,
+    id: u64,
+    cancel: CancellationToken,
+}
+
+impl Drop for ConnEnd {
+    fn drop(&mut self) {
+        let ConnEnd {
+            node,
+            peer,
             lane,
-        });
-        if last {
-            node.event(RemoteEvent::Disconnected {
+            id,
+            cancel,
+        } = self;
+        cancel.cancel();
+        if let Some(last) = peer.connection_ended(*lane, *id) {
+            node.open_connections(*lane, -1.0);
+            node.event(RemoteEvent::ConnectionClosed {
                 addr: peer.addr.to_string(),
+                lane: *lane,
             });
+            if last {
+                node.event(RemoteEvent::Disconnected {
+                    addr: peer.addr.to_string(),
+                });
+            }
         }
     }
 }
@@ -1079,5 +1232,22 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     }
     // A wake-up this writer consumed may belong to the next connection's writer.
     queue.ready.notify_one();
-    let _ = writer.shutdown().await;
+    // A polite close (TLS `close_notify`, TCP FIN), bounded: a peer that has stopped reading
+    // would otherwise hold this task, its socket and `Remote::shutdown` for good.
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer.shutdown()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clip;
+
+    #[test]
+    fn clip_keeps_short_strings_and_cuts_long_ones_on_a_char_boundary() {
+        assert_eq!(clip("/user/echo"), "/user/echo");
+        let long = "é".repeat(150); // 300 bytes, 2 per char
+        let cut = clip(&long);
+        assert!(cut.starts_with(&"é".repeat(100)), "{cut}");
+        assert!(cut.ends_with("… (300 bytes)"), "{cut}");
+        assert!(cut.len() < 220);
+    }
 }

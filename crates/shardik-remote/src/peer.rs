@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -87,6 +87,9 @@ pub(crate) struct Installed {
     pub(crate) restarted: Option<Restarted>,
     /// True if no other connection to the peer was up: the association just came up.
     pub(crate) first: bool,
+    /// Lanes whose installed connection this one replaced (closed): their ends no longer
+    /// find themselves installed, so the caller accounts for them here.
+    pub(crate) replaced: Vec<Lane>,
 }
 
 /// One lane toward the peer: its queue, the dialer's wake-up and whether it is connected.
@@ -114,6 +117,10 @@ pub(crate) struct Peer {
     loopback: bool,
     /// The node's frame size limit (`RemoteConfig::max_frame_len`).
     max_frame_len: usize,
+    /// Heartbeats and heartbeat answers dropped for a full lane (for rate-limited logs).
+    heartbeats_dropped: AtomicU64,
+    /// Ends this peer's dialers: cancelled when the node shuts down or forgets the peer.
+    pub(crate) retired: CancellationToken,
 }
 
 /// Why a frame was not queued.
@@ -159,6 +166,8 @@ impl Peer {
             }),
             loopback: *node.addr == *addr,
             max_frame_len: node.cfg.max_frame_len,
+            heartbeats_dropped: AtomicU64::new(0),
+            retired: node.shutdown.child_token(),
             addr,
             node: Arc::downgrade(node),
             links: [
@@ -168,6 +177,19 @@ impl Peer {
             ],
             state: Mutex::new(PeerState::default()),
         })
+    }
+
+    /// True if nothing is going on with this peer: no connection or dial on any lane,
+    /// nothing queued, and no connection ended within `grace` of `now` (a peer that was just
+    /// connected is likely to be used again).
+    pub(crate) fn is_idle(&self, now: Instant, grace: std::time::Duration) -> bool {
+        let st = self.state.lock();
+        st.lanes.iter().all(|l| {
+            l.conn.is_none()
+                && l.dialing == 0
+                && l.ended_at
+                    .is_none_or(|t| now.saturating_duration_since(t) >= grace)
+        }) && self.links.iter().all(|l| l.queue.is_empty())
     }
 
     /// The queue, wake-up and heartbeats of `lane`.
@@ -277,7 +299,12 @@ impl Peer {
     /// Queues a heartbeat answer on `lane`; a full lane drops it with a warning.
     pub(crate) fn send_heartbeat_ack(&self, lane: Lane, seq: u64) {
         if self.push_frame(lane, &Frame::HeartbeatAck(seq)).is_err() {
-            tracing::warn!(peer = %self.addr, lane = lane.as_str(), "lane full: heartbeat answer dropped");
+            // Rate-limited: a peer that floods heartbeats without reading fills the lane and
+            // would otherwise get a log line per heartbeat.
+            let n = self.heartbeats_dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if should_log(n) {
+                tracing::warn!(peer = %self.addr, lane = lane.as_str(), total = n, "lane full: heartbeat answer dropped");
+            }
         }
     }
 
@@ -292,7 +319,10 @@ impl Peer {
             hb.push_back((seq, Instant::now()));
         }
         if self.push_frame(lane, &Frame::Heartbeat(seq)).is_err() {
-            tracing::warn!(peer = %self.addr, lane = lane.as_str(), "lane full: heartbeat dropped");
+            let n = self.heartbeats_dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if should_log(n) {
+                tracing::warn!(peer = %self.addr, lane = lane.as_str(), total = n, "lane full: heartbeat dropped");
+            }
         }
     }
 
@@ -363,6 +393,7 @@ impl Peer {
     fn install_locked(&self, st: &mut PeerState, slot: ConnSlot) -> Installed {
         let lane = slot.info.lane;
         let new = &slot.info.peer;
+        let mut replaced = Vec::new();
         let restarted = match &st.remote {
             Some(r) if r.incarnation != new.incarnation => {
                 // Requests sent before the old incarnation's first connection ended went to
@@ -377,6 +408,7 @@ impl Peer {
                     if let Some(old) = l.conn.take() {
                         old.cancel.cancel();
                         link.queue.release(old.id);
+                        replaced.push(old.info.lane);
                     }
                     l.ended_at = None;
                 }
@@ -392,6 +424,7 @@ impl Peer {
         let l = st.lane(lane);
         if let Some(old) = l.conn.take() {
             old.cancel.cancel();
+            replaced.push(lane);
         }
         l.ended_at = None;
         // From here on only this connection's writer takes the lane's frames: the replaced
@@ -403,7 +436,11 @@ impl Peer {
         let other = self.link(lane.other());
         other.wake.notify_one();
         other.other_up.notify_one();
-        Installed { restarted, first }
+        Installed {
+            restarted,
+            first,
+            replaced,
+        }
     }
 
     /// Decides, as the accepting side and after the peer proved itself, whether to keep an

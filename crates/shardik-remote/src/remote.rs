@@ -254,6 +254,15 @@ impl Remote {
             .map_or(0, |p| p.link(Lane::User).queue.len())
     }
 
+    /// How many peers this node keeps state for now (queues, dialers, the last identity
+    /// seen): those it has a connection to or something queued for, those a live
+    /// [`RemoteRef`] points at, and, until they are forgotten, recently used ones.
+    /// Peers nothing uses any more are forgotten (counted in
+    /// [`RemoteStats::peers_forgotten`]).
+    pub fn known_peers(&self) -> usize {
+        self.node.peer_count()
+    }
+
     /// Counters since start.
     pub fn stats(&self) -> RemoteStats {
         self.node.counters.snapshot()

@@ -388,9 +388,39 @@ impl<'de, M: Serialize + Send + 'static> Deserialize<'de> for RemoteRef<M> {
                     "a RemoteRef can only be decoded by the remote layer (in a received message)",
                 )
             })?;
+        check_node_addr(&w.node).map_err(serde::de::Error::custom)?;
         let peer = node.peer(&w.node);
         Ok(RemoteRef::new(node, peer, w.path.as_ref().into()))
     }
+}
+
+/// The longest node address a received [`RemoteRef`] may carry (a DNS name is at most 253
+/// bytes; with brackets, a colon and a port 262 would do).
+const MAX_NODE_ADDR: usize = 300;
+
+/// Checks a node address that came from the network: `host:port`, with a non-empty host, a
+/// port number, no spaces or control characters, and a sane length. Every address a node
+/// advertises has this shape; anything else would only make a peer that can never connect.
+fn check_node_addr(addr: &str) -> Result<(), String> {
+    let shown = || addr.chars().take(64).collect::<String>();
+    if addr.len() > MAX_NODE_ADDR {
+        return Err(format!(
+            "a RemoteRef's node address is {} bytes long (at most {MAX_NODE_ADDR}): {}…",
+            addr.len(),
+            shown()
+        ));
+    }
+    let well_formed = !addr.chars().any(|c| c.is_whitespace() || c.is_control())
+        && addr
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !well_formed {
+        return Err(format!(
+            "a RemoteRef's node address must be host:port, got {:?}",
+            shown()
+        ));
+    }
+    Ok(())
 }
 
 fn ask_error(failure: ReplyFailure, reason: String) -> AskError {
@@ -407,4 +437,37 @@ fn ask_error(failure: ReplyFailure, reason: String) -> AskError {
 thread_local! {
     /// A scratch buffer per thread that a message frame is built in.
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_node_addr;
+
+    #[test]
+    fn node_addresses_from_the_network_must_be_host_and_port() {
+        for ok in [
+            "127.0.0.1:2552",
+            "[::1]:2552",
+            "node-3.cluster.local:1",
+            "a:1",
+        ] {
+            assert_eq!(check_node_addr(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "host",
+            ":2552",
+            "host:",
+            "host:99999",
+            "ho st:1",
+            "host:1\n",
+        ] {
+            let e = check_node_addr(bad).expect_err(bad);
+            assert!(e.contains("host:port"), "{e}");
+        }
+        let long = format!("{}:1", "h".repeat(400));
+        let e = check_node_addr(&long).expect_err("too long");
+        assert!(e.contains("402 bytes long"), "{e}");
+        assert!(e.len() < 200, "the error quotes only the start: {e}");
+    }
 }

@@ -158,7 +158,16 @@ impl Replies {
         let Some(p) = self.pending.lock().remove(&id) else {
             return Ok(false);
         };
-        (p.deliver)(payload).map(|()| true)
+        // The reply type's `Deserialize` runs here, on the connection's reader task: a panic
+        // in it fails this reply (the asker's channel closes), not the connection.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (p.deliver)(payload)))
+            .unwrap_or_else(|panic| {
+                Err(format!(
+                    "decoding the reply panicked: {}",
+                    crate::error::panic_message(&*panic)
+                ))
+            })
+            .map(|()| true)
     }
 
     /// Fails the given slots; an ask waiting on one of them learns why.
@@ -173,6 +182,15 @@ impl Replies {
             }
             // Dropping `deliver` closes the asker's channel.
         }
+    }
+
+    /// The peers some slot waits on an answer from.
+    pub(crate) fn peers_waited_on(&self) -> std::collections::HashSet<Arc<str>> {
+        self.pending
+            .lock()
+            .values()
+            .map(|p| p.peer.clone())
+            .collect()
     }
 
     /// Forgets slots without an answer (an ask timed out).

@@ -59,6 +59,10 @@ counters! {
     connections_rejected,
     /// Handshakes that failed, on either side.
     handshake_failures,
+    /// Peers forgotten because nothing used them any more (no connection, nothing queued,
+    /// no `RemoteRef` or waiting reply pointing at them): addresses learned from messages
+    /// do not accumulate.
+    peers_forgotten,
     /// Connections that completed a handshake (two per node pair: control and user).
     connections_established,
     /// Frames dropped by the fault injector.

@@ -330,3 +330,76 @@ async fn shutdown_is_not_held_up_by_a_silent_connection() {
     assert!(n.is_ok() || n.is_err());
     assert!(buf.is_empty());
 }
+
+/// A value whose `Deserialize` panics on 13: a stand-in for a buggy user type.
+#[derive(Debug, Serialize)]
+struct Bomb(u64);
+
+impl<'de> Deserialize<'de> for Bomb {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = u64::deserialize(d)?;
+        assert_ne!(n, 13, "a Deserialize implementation panicked on 13");
+        Ok(Bomb(n))
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+enum BombMsg {
+    /// Answers with `Bomb(answer)`.
+    Ask {
+        bomb: Bomb,
+        answer: u64,
+        reply: shardik_actor::ReplyTo<Bomb>,
+    },
+}
+
+struct BombActor;
+
+impl shardik_actor::Actor for BombActor {
+    type Msg = BombMsg;
+    async fn handle(
+        &mut self,
+        msg: BombMsg,
+        _ctx: &mut shardik_actor::Context<Self>,
+    ) -> Result<(), shardik_actor::ActorError> {
+        let BombMsg::Ask { answer, reply, .. } = msg;
+        reply.reply(Bomb(answer));
+        Ok(())
+    }
+}
+
+/// A `Deserialize` that panics, on a request or on a reply, costs that one message: the
+/// ask fails at once, the connection and the node go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_deserialize_fails_one_message_and_keeps_the_connection() {
+    let (_sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    b.register("/user/bomb", sys_b.spawn(BombActor));
+    let bomb = a.lookup::<BombMsg>("/user/bomb", b.addr());
+    let ask = |n: u64, answer: u64| {
+        bomb.ask(
+            move |reply| BombMsg::Ask {
+                bomb: Bomb(n),
+                answer,
+                reply,
+            },
+            T,
+        )
+    };
+    assert_eq!(ask(1, 2).await.map(|b| b.0), Ok(2));
+    let conn = a.connection(b.addr()).unwrap();
+
+    // The request panics in b's reader.
+    match ask(13, 2).await {
+        Err(AskError::Undeliverable(why)) => assert!(why.contains("panicked"), "{why}"),
+        other => panic!("expected Undeliverable, got {other:?}"),
+    }
+    assert_eq!(b.stats().decode_errors, 1);
+    // The answer panics in a's reader: the ask ends at once (`NoReply`, not `Timeout`).
+    assert_eq!(ask(1, 13).await.map(|b| b.0), Err(AskError::NoReply));
+    assert_eq!(a.stats().reply_decode_errors, 1);
+
+    // Both connections (one per lane) are still up and still read.
+    assert_eq!(ask(3, 4).await.map(|b| b.0), Ok(4));
+    assert_eq!(a.connection(b.addr()).unwrap(), conn, "same connection");
+}

@@ -117,6 +117,15 @@ async fn misconfigurations_are_refused_at_start() {
     let mut short = config("a");
     short.max_reply_wait = Duration::ZERO;
     refused(short, "max_reply_wait").await;
+    // "Never time out" written as `Duration::MAX` would overflow a deadline.
+    refused(
+        config("a").handshake_timeout(Duration::MAX),
+        "handshake_timeout must be at most 365 days",
+    )
+    .await;
+    let mut long = config("a");
+    long.idle_timeout = Duration::MAX;
+    refused(long, "idle_timeout must be at most").await;
     // Every node bound to 0.0.0.0 without `advertise` would claim the same address.
     refused(config("a").bind("0.0.0.0:0"), "advertise").await;
     refused(
