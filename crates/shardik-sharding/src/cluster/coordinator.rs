@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::directory::Directory;
 use super::membership::{
-    coordinator_node, has_role, is_gone, is_leaving, is_replaced, is_stable, majority,
+    coordinator_node, has_role, is_gone, is_leaving, is_replaced, is_stable, majority, never_seen,
     quorum_members,
 };
 use super::replica::ReplicaStore;
@@ -106,9 +106,31 @@ struct Active {
     fed_leaving: BTreeSet<RegionId>,
     /// When each region's node was first seen gone (`Down` or removed without leaving).
     gone_since: HashMap<RegionId, Instant>,
+    /// Regions whose node is missing from the view although this node never saw it as a
+    /// member, since when (see [`UNSEEN_GRACE`]).
+    unseen_since: HashMap<RegionId, Instant>,
     stable: Option<bool>,
     refs: HashMap<String, RemoteRef<ToRegion>>,
     fenced: bool,
+    /// The rank of the state this coordinator recovered from, sent with its writes until
+    /// its first one ([`start_version`](Self::start_version)) is at a majority: a replica
+    /// whose state moved past it since the read refuses (see `replica::accepts`).
+    base: (Epoch, Version),
+    /// The version of this epoch's `EpochStarted`.
+    start_version: Version,
+    /// Replicas that refused a write for holding a state newer than `base`; not written to
+    /// again until the epoch start is at a majority (then without a base).
+    refused: BTreeSet<UniqueAddress>,
+    /// Too many replicas refused for a majority to be reached: the state moved on since it
+    /// was read, so recovery starts over from a new read.
+    superseded: bool,
+}
+
+impl Active {
+    /// The base a write carries now (see [`base`](Self::base)).
+    fn write_base(&self) -> Option<(Epoch, Version)> {
+        (self.fed < self.start_version).then_some(self.base)
+    }
 }
 
 struct Recovery {
@@ -126,6 +148,8 @@ pub(crate) struct CoordinatorDriver {
     published: Option<(Epoch, Version, usize)>,
     /// When the type was started on this node (see [`SETTLE`]).
     started: Instant,
+    /// Every node this node's view has held as a member since the type started here.
+    seen: BTreeSet<UniqueAddress>,
     metrics: crate::metrics::CoordinatorMetrics,
 }
 
@@ -134,6 +158,13 @@ pub(crate) struct CoordinatorDriver {
 /// too (its announcement in flight), and becoming the coordinator only to hand over to it at
 /// once would cost a takeover. The oldest member with the role never waits.
 const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a region whose node this node has never seen as a member may be missing from the
+/// view before it counts as gone. Such a node may have joined and registered with the
+/// previous coordinator while the gossip that brings it here is still on its way (counting it
+/// gone would move its shards while it runs them); or it may have been removed before this
+/// node ever saw it. Nodes seen before and missing now are gone at once, as are replaced ones.
+const UNSEEN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl CoordinatorDriver {
     pub(crate) fn new(ctx: Ctx, config: CoordinatorConfig) -> Self {
@@ -148,6 +179,7 @@ impl CoordinatorDriver {
             attempt: 0,
             published: None,
             started: Instant::now(),
+            seen: BTreeSet::new(),
         }
     }
 
@@ -227,6 +259,8 @@ impl CoordinatorDriver {
 
     fn on_membership(&mut self) {
         let state = self.ctx.cluster.state();
+        self.seen
+            .extend(state.members.iter().map(|m| m.node.clone()));
         let dir = &self.ctx.directory;
         let oldest = coordinator_node(&state, self.ctx.role(), |n| {
             dir.hosts(n, &self.ctx.type_name)
@@ -261,7 +295,7 @@ impl CoordinatorDriver {
             self.start_recovery(&state);
         }
         if let Some(a) = &mut self.active {
-            a.feed_membership(&self.ctx, &state);
+            a.feed_membership(&self.ctx, &state, &self.seen);
         }
     }
 
@@ -313,6 +347,13 @@ impl CoordinatorDriver {
                 if let Some(a) = &mut self.active {
                     if a.coord.epoch() == epoch {
                         a.on_ack(&self.ctx, node, ack);
+                    }
+                    if a.superseded {
+                        // Nothing was answered or sent on this epoch's state: every step
+                        // waits for the epoch start to be at a majority, which it never was.
+                        self.active = None;
+                        let state = self.ctx.cluster.state();
+                        self.start_recovery(&state);
                     }
                 }
             }
@@ -389,6 +430,8 @@ impl CoordinatorDriver {
         match Coordinator::recover(self.config.clone(), best.clone(), epoch) {
             Ok((coord, actions)) => {
                 self.recovery = None;
+                let start_version = coord.working_state().version;
+                let base = (best.epoch, best.version);
                 tracing::info!(
                     entity_type = %self.ctx.type_name,
                     epoch,
@@ -406,12 +449,17 @@ impl CoordinatorDriver {
                     fed_down: BTreeSet::new(),
                     fed_leaving: BTreeSet::new(),
                     gone_since: HashMap::new(),
+                    unseen_since: HashMap::new(),
                     stable: None,
                     refs: HashMap::new(),
                     fenced: false,
+                    base,
+                    start_version,
+                    refused: BTreeSet::new(),
+                    superseded: false,
                 };
                 a.process(&self.ctx, actions);
-                a.feed_membership(&self.ctx, &state);
+                a.feed_membership(&self.ctx, &state, &self.seen);
                 self.active = Some(a);
             }
             Err(e) => {
@@ -489,7 +537,11 @@ impl Active {
         self.last_replicate = Instant::now();
         let me = ctx.me().clone();
         let durable = ctx.replicas.is_durable();
-        let local = (!durable).then(|| ctx.replicas.write(&ctx.type_name, self.target.clone()));
+        let base = self.write_base();
+        let local = (!durable && !self.refused.contains(&me)).then(|| {
+            ctx.replicas
+                .write(&ctx.type_name, self.target.clone(), base)
+        });
         let timeout = ctx.settings.replication_timeout;
         let mut nodes = ctx.quorum(&ctx.cluster.state());
         if durable && !nodes.contains(&me) {
@@ -497,6 +549,7 @@ impl Active {
         }
         for node in nodes {
             if (node == me && !durable)
+                || self.refused.contains(&node)
                 || self.acked.get(&node).copied().unwrap_or(0) >= self.target.version
             {
                 continue;
@@ -520,12 +573,13 @@ impl Active {
         let tx = ctx.events.clone();
         let state = self.target.clone();
         let epoch = self.coord.epoch();
+        let base = self.write_base();
         if node == *ctx.me() {
             // Only with a durable store: acknowledged once the store has it.
             let replicas = ctx.replicas.clone();
             let type_name = ctx.type_name.clone();
             tokio::spawn(async move {
-                if let Some(ack) = replicas.write_durable(&type_name, state).await {
+                if let Some(ack) = replicas.write_durable(&type_name, state, base).await {
                     let _ = tx.send(CoordEvent::Acked { epoch, node, ack });
                 }
             });
@@ -543,6 +597,7 @@ impl Active {
                     |reply| ReplicaReq::Write {
                         type_name,
                         state,
+                        base,
                         reply,
                     },
                     timeout,
@@ -565,6 +620,25 @@ impl Active {
                 );
             }
             self.fenced = true;
+            return;
+        }
+        if !ack.accepted && ack.epoch < self.coord.epoch() {
+            // The replica took a write of the previous epoch after this coordinator read the
+            // majority (see `Active::base`).
+            self.inflight.remove(&node);
+            self.refused.insert(node.clone());
+            let members = ctx.quorum(&ctx.cluster.state());
+            let refusing = members.iter().filter(|n| self.refused.contains(n)).count();
+            if members.len() - refusing < majority(members.len().max(1)) {
+                tracing::info!(
+                    entity_type = %ctx.type_name,
+                    epoch = self.coord.epoch(),
+                    recovered_from = ?self.base,
+                    holds = ?(ack.epoch, ack.version),
+                    "the replicas moved on since they were read; reading them again"
+                );
+                self.superseded = true;
+            }
             return;
         }
         if ack.epoch == self.coord.epoch() {
@@ -598,11 +672,17 @@ impl Active {
             .min(self.target.version);
         if v > self.fed {
             self.fed = v;
+            if v >= self.start_version && !self.refused.is_empty() {
+                // The epoch is established: the refusing replicas held writes a majority
+                // never took, and now get this epoch's state without a base.
+                self.refused.clear();
+                self.replicate(ctx);
+            }
             self.input(ctx, Input::Persisted(v));
         }
     }
 
-    fn feed_membership(&mut self, ctx: &Ctx, state: &ClusterState) {
+    fn feed_membership(&mut self, ctx: &Ctx, state: &ClusterState, seen: &BTreeSet<UniqueAddress>) {
         if self.fenced {
             return;
         }
@@ -623,6 +703,17 @@ impl Active {
             let Some(node) = region_node(&region) else {
                 continue;
             };
+            if never_seen(state, &node, seen) {
+                let since = *self
+                    .unseen_since
+                    .entry(region.clone())
+                    .or_insert_with(Instant::now);
+                if since.elapsed() < UNSEEN_GRACE {
+                    continue;
+                }
+            } else {
+                self.unseen_since.remove(&region);
+            }
             if is_gone(state, &node) {
                 if self.fed_down.contains(&region) {
                     continue;

@@ -83,6 +83,18 @@ pub(crate) fn is_replaced(state: &ClusterState, node: &UniqueAddress) -> bool {
         })
 }
 
+/// Whether `node` is missing from the view although this node never saw it as a member
+/// (`seen`), and no newer process of it runs: its absence does not tell whether it left or
+/// has yet to arrive here (it may have joined and registered elsewhere, the gossip bringing
+/// it still on its way).
+pub(crate) fn never_seen(
+    state: &ClusterState,
+    node: &UniqueAddress,
+    seen: &std::collections::BTreeSet<UniqueAddress>,
+) -> bool {
+    state.member(node).is_none() && !seen.contains(node) && !is_replaced(state, node)
+}
+
 /// Whether `node` is leaving gracefully.
 pub(crate) fn is_leaving(state: &ClusterState, node: &UniqueAddress) -> bool {
     state
@@ -155,6 +167,25 @@ mod tests {
         // A node id that does not run now: gone, but not known to be replaced.
         let other = UniqueAddress::new("10.0.0.9:7000", "n7", 0);
         assert!(is_gone(&s, &other) && !is_replaced(&s, &other));
+    }
+
+    #[test]
+    fn a_missing_node_is_known_gone_only_if_it_was_seen_or_replaced() {
+        let s = state(vec![member(1, 1, &[]), member(2, 2, &[])]);
+        let mut seen: std::collections::BTreeSet<_> =
+            s.members.iter().map(|m| m.node.clone()).collect();
+        // In the view: not "never seen", whatever the set says.
+        assert!(!never_seen(&s, &s.members[1].node, &Default::default()));
+        // A node that joined elsewhere and is not in this view yet.
+        let newcomer = UniqueAddress::new("10.0.0.3:7000", "n3", 1);
+        assert!(is_gone(&s, &newcomer), "absent reads as gone");
+        assert!(never_seen(&s, &newcomer, &seen), "but it may be on its way");
+        // Seen before and missing now: it was removed.
+        seen.insert(newcomer.clone());
+        assert!(!never_seen(&s, &newcomer, &seen));
+        // An older incarnation of a running node id is known to be replaced.
+        let old = UniqueAddress::new("10.0.0.1:7000", "n1", 0);
+        assert!(!never_seen(&s, &old, &Default::default()));
     }
 
     #[test]

@@ -577,6 +577,22 @@ where
                 }
                 RegionAction::StopShard(shard) => {
                     tracing::debug!(entity_type = %self.type_name, shard, "stopping shard");
+                    // Messages the fence holds for this shard go with it (ahead of what the
+                    // shard buffers now): held until the fence lifts, they would reach the
+                    // new home after newer ones, or be lost if this node then stops.
+                    if let Some(held) = &mut g.fenced {
+                        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(held)
+                            .into_iter()
+                            .partition(|(s, _, _)| *s == shard);
+                        *held = rest;
+                        if !mine.is_empty() {
+                            let envelopes = mine
+                                .into_iter()
+                                .map(|(_, id, msg)| Envelope::new(&id, shard, msg))
+                                .collect();
+                            self.handle_locked(g, RegionInput::Unhandled { shard, envelopes });
+                        }
+                    }
                     self.metrics.handoffs.increment(1);
                     let (began, took) = (Instant::now(), self.metrics.handoff_seconds.clone());
                     // The shard is reported stopped once its entities stopped and, with
@@ -609,7 +625,12 @@ where
                         .force_stop_shard(shard, self.unhandled_to_loop(shard, false));
                 }
                 RegionAction::Rejected(r) => {
-                    self.dead_letter(&r.envelope.entity_id, "region buffer full");
+                    let reason = match r.error {
+                        SendError::BadShard { .. } => "shard out of range (another shard count)",
+                        SendError::Refused(_) => "region refused by the coordinator",
+                        SendError::BufferFull { .. } => "region buffer full",
+                    };
+                    self.dead_letter(&r.envelope.entity_id, reason);
                 }
                 RegionAction::Refused(e) => {
                     tracing::error!(
@@ -821,18 +842,22 @@ where
                 let held = g.fenced.take().unwrap_or_default();
                 let hosted = g.state.hosted_shards();
                 tracing::info!(entity_type = %self.type_name, held = held.len(), "fence lifted: hosting again");
+                // A shard still hosted here hosts again: the fence's stop of its entities is
+                // called off (those still ending come back with what they had not handled).
+                // So is one whose hand-off began but has not stopped it yet (its entities
+                // live until the hand-off stops them, and the hand-off may be called off);
+                // a shard the hand-off is stopping keeps stopping.
+                let hosting =
+                    |view: ShardView| matches!(view, ShardView::Local | ShardView::HandingOff);
                 if let Some(r) = &self.placement.remember {
                     for shard in hosted {
-                        if g.state.shard_view(shard) == ShardView::Local {
+                        if hosting(g.state.shard_view(shard)) {
                             r.shard_started(shard, g.state.fencing_token(shard));
                         }
                     }
                 }
-                // A shard still hosted here hosts again: the fence's stop of its entities is
-                // called off (those still ending come back with what they had not handled).
-                // A shard that began a hand-off meanwhile keeps stopping.
                 for shard in g.state.hosted_shards() {
-                    if g.state.shard_view(shard) == ShardView::Local {
+                    if hosting(g.state.shard_view(shard)) {
                         self.local.cancel_stop(shard);
                     }
                 }
@@ -949,12 +974,25 @@ where
         if self.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
-        let (hosted, held) = {
+        let (hosted, held, waiting) = {
             let mut g = self.change();
-            (g.state.hosted_shards(), g.fenced.take().unwrap_or_default())
+            let waiting: Vec<String> = g
+                .state
+                .buffered_envelopes()
+                .map(|e| e.entity_id.clone())
+                .collect();
+            (
+                g.state.hosted_shards(),
+                g.fenced.take().unwrap_or_default(),
+                waiting,
+            )
         };
         for (_, id, _) in held {
             self.dead_letter(&id, "cluster node stopped while fenced");
+        }
+        // Messages waiting for a home (or for a shard to finish moving) go nowhere now.
+        for id in waiting {
+            self.dead_letter(&id, "cluster node stopped before the shard had a home");
         }
         tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "cluster node stopped: stopping hosted shards");
         for shard in hosted {

@@ -39,6 +39,30 @@ pub(crate) struct ReplicaStore {
     states: Mutex<HashMap<String, CoordinatorState>>,
     entities: Mutex<EntitySets>,
     durable: Option<Durable>,
+    /// Serializes durable coordinator writes: each is checked against the state held and
+    /// then stored, and a check must not pass on a state another write is replacing.
+    durable_writes: tokio::sync::Mutex<()>,
+}
+
+/// A coordinator state's rank: epoch, then version.
+type Rank = (u64, u64);
+
+/// Whether this replica takes a write of `state` over `cur`, the state it holds.
+///
+/// A write never goes back: it must rank at least as high. And while a coordinator's
+/// first write of its epoch (its `EpochStarted`) is not yet acknowledged by a majority, its
+/// writes carry `base`, the rank of the state it recovered from: a replica that holds a
+/// state of an older epoch ranked above `base` has taken a write since the new coordinator
+/// read the majority (the previous coordinator, still at work), and refuses, so the new one
+/// reads again instead of overwriting a change it never saw. Once a replica took the new
+/// epoch it refuses the old coordinator's writes; so of the two, at most one gets a majority.
+fn accepts(cur: Option<&CoordinatorState>, state: &CoordinatorState, base: Option<Rank>) -> bool {
+    let Some(cur) = cur else { return true };
+    let held = (cur.epoch, cur.version);
+    if (state.epoch, state.version) < held {
+        return false;
+    }
+    !(state.epoch > cur.epoch && base.is_some_and(|b| held > b))
 }
 
 impl ReplicaStore {
@@ -65,7 +89,7 @@ impl ReplicaStore {
             match rec.key {
                 RecordKey::Coordinator { type_name } => {
                     let state: CoordinatorState = decode(&rec.bytes)?;
-                    r.write(&type_name, state);
+                    r.write(&type_name, state, None);
                 }
                 RecordKey::Entities { type_name, shard } => {
                     let set: EntitySet = decode(&rec.bytes)?;
@@ -87,15 +111,18 @@ impl ReplicaStore {
         self.durable.is_some()
     }
 
-    /// Stores `state` in memory unless the stored one is newer: a higher epoch, or the same
-    /// epoch and a higher version. A coordinator fenced off by a newer one is refused here, so
-    /// it never gathers a majority again. Without a store this is the whole write.
-    pub(crate) fn write(&self, type_name: &str, state: CoordinatorState) -> ReplicaAck {
+    /// Stores `state` in memory unless the stored one is newer (a higher epoch, or the same
+    /// epoch and a higher version), or changed since the writer's `base` was read (see
+    /// [`accepts`]). A coordinator fenced off by a newer one is refused here, so it never
+    /// gathers a majority again. Without a store this is the whole write.
+    pub(crate) fn write(
+        &self,
+        type_name: &str,
+        state: CoordinatorState,
+        base: Option<Rank>,
+    ) -> ReplicaAck {
         let mut states = self.states.lock();
-        let accepted = match states.get(type_name) {
-            Some(cur) => (state.epoch, state.version) >= (cur.epoch, cur.version),
-            None => true,
-        };
+        let accepted = accepts(states.get(type_name), &state, base);
         if accepted {
             states.insert(type_name.to_string(), state);
         }
@@ -114,12 +141,14 @@ impl ReplicaStore {
         &self,
         type_name: &str,
         state: CoordinatorState,
+        base: Option<Rank>,
     ) -> Option<ReplicaAck> {
         let Some(d) = &self.durable else {
-            return Some(self.write(type_name, state));
+            return Some(self.write(type_name, state, base));
         };
+        let _one_at_a_time = self.durable_writes.lock().await;
         let rank = (state.epoch, state.version);
-        if let Some(refused) = self.refusal(type_name, rank) {
+        if let Some(refused) = self.refusal(type_name, &state, base) {
             return Some(refused);
         }
         let record = encode(&state).map(|bytes| ShardingRecord {
@@ -134,8 +163,8 @@ impl ReplicaStore {
             Err(e) => Err(e),
         };
         match saved {
-            Ok(true) => Some(self.write(type_name, state)),
-            Ok(false) => self.refusal(type_name, rank),
+            Ok(true) => Some(self.write(type_name, state, base)),
+            Ok(false) => self.refusal(type_name, &state, None),
             Err(e) => {
                 store_failed(type_name, &e);
                 None
@@ -143,11 +172,17 @@ impl ReplicaStore {
         }
     }
 
-    /// The refusal of a write of rank `rank` if the state held is newer.
-    fn refusal(&self, type_name: &str, rank: (u64, u64)) -> Option<ReplicaAck> {
+    /// The refusal of a write of `state` if the state held does not take it (see
+    /// [`accepts`]).
+    fn refusal(
+        &self,
+        type_name: &str,
+        state: &CoordinatorState,
+        base: Option<Rank>,
+    ) -> Option<ReplicaAck> {
         let states = self.states.lock();
         let cur = states.get(type_name)?;
-        ((cur.epoch, cur.version) > rank).then_some(ReplicaAck {
+        (!accepts(Some(cur), state, base)).then_some(ReplicaAck {
             accepted: false,
             epoch: cur.epoch,
             version: cur.version,
@@ -272,17 +307,18 @@ impl ReplicaStore {
                 ReplicaReq::Write {
                     type_name,
                     state,
+                    base,
                     reply,
                 } => {
                     if me.is_durable() {
                         let me = me.clone();
                         tokio::spawn(async move {
-                            if let Some(ack) = me.write_durable(&type_name, state).await {
+                            if let Some(ack) = me.write_durable(&type_name, state, base).await {
                                 reply.reply(ack);
                             }
                         });
                     } else {
-                        reply.reply(me.write(&type_name, state));
+                        reply.reply(me.write(&type_name, state, base));
                     }
                 }
                 ReplicaReq::Read { type_name, reply } => reply.reply(me.read(&type_name)),
@@ -328,15 +364,99 @@ mod tests {
     #[test]
     fn newer_epoch_wins_and_fences_older_writers() {
         let r = ReplicaStore::default();
-        assert!(r.write("t", state(1, 5)).accepted);
-        assert!(!r.write("t", state(1, 4)).accepted);
+        assert!(r.write("t", state(1, 5), None).accepted);
+        assert!(!r.write("t", state(1, 4), None).accepted);
         // A new coordinator that recovered from an older majority copy still wins.
-        assert!(r.write("t", state(2, 4)).accepted);
-        let ack = r.write("t", state(1, 9));
+        assert!(r.write("t", state(2, 4), None).accepted);
+        let ack = r.write("t", state(1, 9), None);
         assert!(!ack.accepted);
         assert_eq!((ack.epoch, ack.version), (2, 4));
         assert_eq!(r.read("t").unwrap().version, 4);
         assert!(r.read("other").is_none());
+    }
+
+    /// A takeover (epoch 2) that read the majority at (1, 5): a replica that has taken the
+    /// old coordinator's (1, 6) since refuses it, so it cannot overwrite a change it never saw;
+    /// one that took the takeover first refuses the old coordinator from then on.
+    #[test]
+    fn a_takeover_is_refused_where_the_state_moved_on_since_its_read() {
+        let moved = ReplicaStore::default();
+        assert!(moved.write("t", state(1, 5), None).accepted);
+        assert!(
+            moved.write("t", state(1, 6), None).accepted,
+            "the old coordinator"
+        );
+        let ack = moved.write("t", state(2, 6), Some((1, 5)));
+        assert!(!ack.accepted);
+        assert_eq!((ack.epoch, ack.version), (1, 6), "tells what it holds");
+        // A replica that lags behind the base takes it.
+        let behind = ReplicaStore::default();
+        assert!(behind.write("t", state(1, 3), None).accepted);
+        assert!(behind.write("t", state(2, 6), Some((1, 5))).accepted);
+        assert!(
+            !behind.write("t", state(1, 6), None).accepted,
+            "the old one is fenced"
+        );
+        // Its later writes in the new epoch need no base; once at a majority the new
+        // coordinator stops sending one, and a replica left on the old epoch then takes it.
+        assert!(behind.write("t", state(2, 7), Some((1, 5))).accepted);
+        assert!(moved.write("t", state(2, 8), None).accepted);
+        // An empty replica takes anything.
+        assert!(
+            ReplicaStore::default()
+                .write("t", state(2, 6), Some((1, 5)))
+                .accepted
+        );
+    }
+
+    /// The race a takeover must not lose: the new coordinator reads a majority, the old one
+    /// (still at work) gets its next change to a majority, then the new one writes its epoch
+    /// start. Whichever order the writes reach the three replicas in, at most one of the two
+    /// gets a majority, and a re-read after a lost race sees the old one's change.
+    #[test]
+    fn of_an_old_and_a_new_coordinator_at_most_one_gets_a_majority() {
+        let takes = |rs: &[ReplicaStore], w: (u64, u64), base: Option<(u64, u64)>| {
+            rs.iter()
+                .filter(|r| r.write("t", state(w.0, w.1), base).accepted)
+                .count()
+        };
+        let fresh = || -> Vec<ReplicaStore> {
+            let rs: Vec<_> = (0..3).map(|_| ReplicaStore::default()).collect();
+            assert_eq!(takes(&rs, (1, 5), None), 3);
+            rs
+        };
+        // The old coordinator's change lands first (on replicas 1 and 2): it is committed, and
+        // the takeover that read (1, 5) is refused by both, keeping one replica of three.
+        let rs = fresh();
+        assert_eq!(takes(&rs[1..], (1, 6), None), 2);
+        assert_eq!(
+            takes(&rs, (2, 6), Some((1, 5))),
+            1,
+            "no majority for the takeover"
+        );
+        let reread = rs[1..]
+            .iter()
+            .filter_map(|r| r.read("t"))
+            .max_by_key(|s| s.version);
+        assert_eq!(reread.map(|s| (s.epoch, s.version)), Some((1, 6)));
+        // The next takeover, from it, gets the two; replica 0 holds the lost takeover's
+        // epoch start, ranked above this base, and is written to once the epoch is at a
+        // majority (without a base).
+        assert_eq!(
+            takes(&rs, (3, 7), Some((1, 6))),
+            2,
+            "the next takeover, from it"
+        );
+        assert_eq!(takes(&rs[..1], (3, 8), None), 1);
+        // The takeover lands first (on replicas 0 and 1): the old change then reaches only
+        // replica 2.
+        let rs = fresh();
+        assert_eq!(takes(&rs[..2], (2, 6), Some((1, 5))), 2);
+        assert_eq!(
+            takes(&rs[1..], (1, 6), None),
+            1,
+            "no majority for the old coordinator"
+        );
     }
 }
 
@@ -411,19 +531,24 @@ mod durable_tests {
         let store = Arc::new(TestStore::default());
         let r = ReplicaStore::load(store.clone(), "n1").await.unwrap();
         assert!(r.is_durable());
-        let ack = r.write_durable("t", state(1, 3)).await.unwrap();
+        let ack = r.write_durable("t", state(1, 3), None).await.unwrap();
         assert!(ack.accepted);
         // Refused by the newer-wins rule without touching the store.
         store.fail.store(true, Ordering::SeqCst);
-        let ack = r.write_durable("t", state(1, 2)).await.unwrap();
+        let ack = r.write_durable("t", state(1, 2), None).await.unwrap();
         assert!(!ack.accepted);
         assert_eq!((ack.epoch, ack.version), (1, 3));
         // A failing store: no acknowledgement, and reads do not see the state.
-        assert_eq!(r.write_durable("t", state(1, 4)).await, None);
+        assert_eq!(r.write_durable("t", state(1, 4), None).await, None);
         assert_eq!(r.read("t").unwrap().version, 3);
         store.fail.store(false, Ordering::SeqCst);
         // The writer's retry succeeds.
-        assert!(r.write_durable("t", state(1, 4)).await.unwrap().accepted);
+        assert!(
+            r.write_durable("t", state(1, 4), None)
+                .await
+                .unwrap()
+                .accepted
+        );
 
         // Another node id in the same store sees nothing of n1's.
         let other = ReplicaStore::load(store.clone(), "n2").await.unwrap();

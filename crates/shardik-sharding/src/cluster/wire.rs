@@ -159,10 +159,16 @@ pub(crate) enum CoordWire {
 /// A request to the replica endpoint.
 #[derive(Serialize, Deserialize)]
 pub(crate) enum ReplicaReq {
-    /// Store `state` if it is not older (by epoch, then version) than the stored one.
+    /// Store `state` if it is not older (by epoch, then version) than the stored one and,
+    /// with a `base`, if the stored one of an older epoch ranks no higher than `base` (see
+    /// `replica::accepts`).
     Write {
         type_name: String,
         state: CoordinatorState,
+        /// The rank (epoch, version) of the state the writer recovered from, while its
+        /// epoch's first write is not yet at a majority. Absent from older nodes' writes.
+        #[serde(default)]
+        base: Option<(Epoch, Version)>,
         reply: ReplyTo<ReplicaAck>,
     },
     /// The stored state of a type, if any.

@@ -36,7 +36,7 @@ pub struct CoordinatorConfig {
     /// restart without waiting for a message), and after a takeover every remembered shard.
     pub remember_shards: bool,
     /// Bound on replies waiting for persistence; further requests are dropped (and counted): the
-    /// regions retry.
+    /// regions retry. The steps of state changes (broadcasts, ends of hand-offs) always wait.
     pub max_deferred: usize,
     /// Where new shards go and what a rebalance round moves (default [`LeastShards`]). The
     /// coordinator refuses decisions naming a region that may not receive shards.
@@ -397,10 +397,17 @@ impl Coordinator {
     }
 
     /// Run `d` once everything emitted so far is durable (now, if nothing is pending).
+    ///
+    /// Past [`CoordinatorConfig::max_deferred`] waiting items, replies to requests are
+    /// dropped (the regions retry them). The steps of a state change itself (its broadcast,
+    /// the end of a hand-off) are never dropped: nobody would retry them, and a hand-off
+    /// left unfinished would hold its shard, and every later rebalance, for good. There is
+    /// one of those per persisted change, so they cannot outgrow the changes themselves.
     fn after_durable(&mut self, d: Deferred, out: &mut Vec<Action>) {
+        let reply = matches!(d, Deferred::RegisterAck { .. } | Deferred::Home { .. });
         if self.pending.is_empty() && self.deferred.is_empty() {
             self.release(d, out);
-        } else if self.deferred.len() >= self.config.max_deferred {
+        } else if reply && self.deferred.len() >= self.config.max_deferred {
             self.stats.deferred_dropped += 1;
         } else {
             self.deferred.push_back((self.working.version, d));

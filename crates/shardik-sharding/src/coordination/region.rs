@@ -492,6 +492,15 @@ impl<M> RegionState<M> {
             RegionInput::FromPeer { from, msg } => match msg {
                 PeerMsg::Deliver(env) => {
                     if env.shard >= self.config.shard_count {
+                        // A peer with another shard count (refused at registration, but its
+                        // messages may be on their way): handed back, not dropped silently.
+                        out.push(RegionAction::Rejected(Rejected {
+                            error: SendError::BadShard {
+                                shard: env.shard,
+                                shard_count: self.config.shard_count,
+                            },
+                            envelope: env,
+                        }));
                         return;
                     }
                     if let Err(r) = self.route(env, true, out) {

@@ -281,6 +281,17 @@ fn deferred_replies_are_bounded() {
     }
     // One reply waits (the allocation's broadcast is the other deferred item); four are dropped.
     assert_eq!(c.stats().deferred_dropped, 4);
+    // The bound is full, but a further allocation's broadcast (a step of a state change, which
+    // nobody retries) still waits for its persistence and goes out.
+    let mut out = get_home(&mut c, "a", 1);
+    assert_eq!(c.stats().deferred_dropped, 4, "the broadcast was kept");
+    persist_all(&mut c, &mut out);
+    assert!(
+        sends(&out)
+            .iter()
+            .any(|(to, m)| *to == r("a") && matches!(m, ToRegion::ShardHome { shard: 1, .. })),
+        "shard 1's home was broadcast: {out:?}"
+    );
 }
 
 // ---- coordinator: hand-off ----------------------------------------------------------------------
@@ -801,6 +812,32 @@ fn hand_off(reg: &mut RegionState<u32>, fences: Vec<RegionId>) -> Acts {
             fences,
         },
     )
+}
+
+/// A forwarded message for a shard this region's shard count does not have is handed back
+/// (the IO layer records it as a dead letter), not dropped silently.
+#[test]
+fn a_forwarded_message_for_an_unknown_shard_is_rejected() {
+    let mut reg = registered("a", &[]);
+    let mut out = Vec::new();
+    reg.handle(
+        0,
+        RegionInput::FromPeer {
+            from: r("b"),
+            msg: PeerMsg::Deliver(env("x", 999, 1)),
+        },
+        &mut out,
+    );
+    match &out[..] {
+        [RegionAction::Rejected(Rejected { error, envelope })] => {
+            assert!(
+                matches!(error, SendError::BadShard { shard: 999, .. }),
+                "{error:?}"
+            );
+            assert_eq!(envelope.entity_id, "x");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
 }
 
 /// Region `from`'s fence of shard 1 for hand-off `H` arrives at time 0.
