@@ -28,6 +28,7 @@ async fn stored(store: &dyn ShardingStateStore, node: &str) -> (Option<Coordinat
                 state = Some(rmp_serde::from_slice(&r.bytes).expect("decodes"));
             }
             RecordKey::Entities { .. } => sets += 1,
+            RecordKey::Promise { .. } => {}
         }
     }
     (state, sets)

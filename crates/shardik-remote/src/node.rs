@@ -556,8 +556,15 @@ impl Node {
                     cancel.cancel();
                     // Never reported as connected, so not as disconnected either; but what
                     // it replaced is gone, and a restart it detected is not detected again.
-                    peer.connection_ended(info.lane, id);
+                    let last = peer.connection_ended(info.lane, id) == Some(true);
+                    let replaced_any = !installed.replaced.is_empty();
                     self.install_effects(&peer, &info.peer, installed);
+                    if last && replaced_any {
+                        // What it replaced was up; now nothing is.
+                        self.event(RemoteEvent::Disconnected {
+                            addr: peer.addr.to_string(),
+                        });
+                    }
                 }
                 self.handshake_failed(&remote_sa.to_string(), &e);
             }

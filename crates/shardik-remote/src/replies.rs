@@ -277,15 +277,16 @@ impl WireContext for PeerWire {
                 "reply handle names another node than its sender; answering the sender"
             );
         }
-        let peer = node.peer(&self.peer);
+        // The guard holds the peer: an answer is owed to it, so it is not forgotten (see
+        // `Node::forget_idle_peers`) while the handle lives.
         let mut guard = ReplyGuard {
-            peer: Arc::downgrade(&peer),
+            peer: Some(node.peer(&self.peer)),
             id: addr.id,
             armed: true,
         };
         Ok(Box::new(move |bytes: Vec<u8>| {
             guard.armed = false;
-            if let Some(peer) = guard.peer.upgrade() {
+            if let Some(peer) = &guard.peer {
                 peer.send_reply(Frame::Reply {
                     id: guard.id,
                     payload: Bytes::from(bytes),
@@ -298,7 +299,7 @@ impl WireContext for PeerWire {
 /// Tells the asker when a reply handle from its node is dropped unanswered, so a remote ask
 /// fails at once with `NoReply` like a local one.
 struct ReplyGuard {
-    peer: Weak<crate::peer::Peer>,
+    peer: Option<Arc<crate::peer::Peer>>,
     id: u64,
     armed: bool,
 }
@@ -312,7 +313,7 @@ impl ReplyGuard {
         if !std::mem::replace(&mut self.armed, false) {
             return;
         }
-        if let Some(peer) = self.peer.upgrade() {
+        if let Some(peer) = &self.peer {
             peer.send_reply(Frame::ReplyFailed {
                 ids: vec![self.id],
                 failure: ReplyFailure::NoReply,
@@ -332,7 +333,7 @@ impl Drop for ReplyGuard {
                 Ok(mut slot) => match slot.as_mut() {
                     Some(v) => {
                         v.push(ReplyGuard {
-                            peer: std::mem::take(&mut self.peer),
+                            peer: self.peer.take(),
                             id: self.id,
                             armed: true,
                         });

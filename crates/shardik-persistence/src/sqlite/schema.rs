@@ -8,7 +8,7 @@ use crate::record::{PersistedEvent, SnapshotRecord, StateRecord};
 
 /// Tables: events per stream, the stream's position and newest writer (kept when events are
 /// deleted), snapshots, durable state, and the cluster sharding replica of each node id
-/// (`sharding_state`, shard -1 = the coordinator state of the type). Numbers are stored as SQLite integers (`u64` values
+/// (`sharding_state`, shard -1 = the coordinator state of the type, -2 = the promise to a coordinator taking over). Numbers are stored as SQLite integers (`u64` values
 /// are bit-cast to `i64` and back).
 pub(super) const DDL: &str = "
 CREATE TABLE IF NOT EXISTS journal (

@@ -22,7 +22,8 @@ use super::membership::{
 use super::replica::ReplicaStore;
 use super::settings::ClusterShardingSettings;
 use super::wire::{
-    region_addr, region_control_path, region_node, CoordWire, ReplicaAck, ReplicaReq, REPLICA_PATH,
+    region_addr, region_control_path, region_node, CoordWire, PromiseAck, ReplicaAck, ReplicaReq,
+    REPLICA_PATH,
 };
 use crate::coordination::{
     next_epoch, Action, Coordinator, CoordinatorConfig, CoordinatorState, Epoch, Input, RegionId,
@@ -39,11 +40,11 @@ pub(crate) enum CoordEvent {
         node: UniqueAddress,
         ack: ReplicaAck,
     },
-    /// A replica answered a read of recovery attempt `attempt`.
-    Read {
+    /// A replica answered the promise request of recovery attempt `attempt`.
+    Promised {
         attempt: u64,
         node: UniqueAddress,
-        state: Option<CoordinatorState>,
+        ack: PromiseAck,
     },
 }
 
@@ -112,30 +113,14 @@ struct Active {
     stable: Option<bool>,
     refs: HashMap<String, RemoteRef<ToRegion>>,
     fenced: bool,
-    /// The rank of the state this coordinator recovered from, sent with its writes until
-    /// its first one ([`start_version`](Self::start_version)) is at a majority: a replica
-    /// whose state moved past it since the read refuses (see `replica::accepts`).
-    base: (Epoch, Version),
-    /// The version of this epoch's `EpochStarted`.
-    start_version: Version,
-    /// Replicas that refused a write for holding a state newer than `base`; not written to
-    /// again until the epoch start is at a majority (then without a base).
-    refused: BTreeSet<UniqueAddress>,
-    /// Too many replicas refused for a majority to be reached: the state moved on since it
-    /// was read, so recovery starts over from a new read.
-    superseded: bool,
-}
-
-impl Active {
-    /// The base a write carries now (see [`base`](Self::base)).
-    fn write_base(&self) -> Option<(Epoch, Version)> {
-        (self.fed < self.start_version).then_some(self.base)
-    }
 }
 
 struct Recovery {
     attempt: u64,
     started: Instant,
+    /// The epoch this attempt takes over with (promised by the replicas that granted).
+    epoch: Epoch,
+    /// The states of the replicas that granted the promise.
     results: HashMap<UniqueAddress, Option<CoordinatorState>>,
 }
 
@@ -150,6 +135,9 @@ pub(crate) struct CoordinatorDriver {
     started: Instant,
     /// Every node this node's view has held as a member since the type started here.
     seen: BTreeSet<UniqueAddress>,
+    /// The highest epoch a replica reported beyond what this node's replica knows (a
+    /// refused promise or write): the next takeover starts above it.
+    highest_seen: Epoch,
     metrics: crate::metrics::CoordinatorMetrics,
 }
 
@@ -180,6 +168,7 @@ impl CoordinatorDriver {
             published: None,
             started: Instant::now(),
             seen: BTreeSet::new(),
+            highest_seen: 0,
         }
     }
 
@@ -344,40 +333,36 @@ impl CoordinatorDriver {
                 a.input(&self.ctx, input);
             }
             CoordEvent::Acked { epoch, node, ack } => {
+                if !ack.accepted {
+                    self.highest_seen = self.highest_seen.max(ack.epoch);
+                }
                 if let Some(a) = &mut self.active {
                     if a.coord.epoch() == epoch {
                         a.on_ack(&self.ctx, node, ack);
                     }
-                    if a.superseded {
-                        // Nothing was answered or sent on this epoch's state: every step
-                        // waits for the epoch start to be at a majority, which it never was.
-                        self.active = None;
-                        let state = self.ctx.cluster.state();
-                        self.start_recovery(&state);
-                    }
                 }
             }
-            CoordEvent::Read {
-                attempt,
-                node,
-                state,
-            } => {
-                if let Some(r) = &mut self.recovery {
-                    if r.attempt == attempt {
-                        r.results.insert(node, state);
-                        self.try_finish_recovery();
-                    }
-                }
-            }
+            CoordEvent::Promised { attempt, node, ack } => self.on_promised(attempt, node, ack),
         }
     }
 
+    /// Starts a takeover: picks an epoch above every one known here and asks the replicas of
+    /// a majority to promise it (see `ReplicaStore::promise`), which also reads their state.
     fn start_recovery(&mut self, state: &ClusterState) {
         self.attempt += 1;
         let attempt = self.attempt;
         let me = self.ctx.me().clone();
-        let mut results = HashMap::new();
-        results.insert(me.clone(), self.ctx.replicas.read(&self.ctx.type_name));
+        let known = self
+            .highest_seen
+            .max(self.ctx.replicas.highest_epoch(&self.ctx.type_name));
+        let epoch = next_epoch(known, node_tag(self.ctx.cluster.self_node()));
+        self.recovery = Some(Recovery {
+            attempt,
+            started: Instant::now(),
+            epoch,
+            results: HashMap::new(),
+        });
+        let timeout = self.ctx.settings.replication_timeout;
         for node in self.ctx.quorum(state) {
             if node == me {
                 continue;
@@ -389,25 +374,62 @@ impl CoordinatorDriver {
                 .lookup::<ReplicaReq>(REPLICA_PATH, &node.address);
             let tx = self.ctx.events.clone();
             let type_name = self.ctx.type_name.clone();
-            let timeout = self.ctx.settings.replication_timeout;
             tokio::spawn(async move {
                 let res = r
-                    .ask(|reply| ReplicaReq::Read { type_name, reply }, timeout)
+                    .ask(
+                        |reply| ReplicaReq::Promise {
+                            type_name,
+                            epoch,
+                            reply,
+                        },
+                        timeout,
+                    )
                     .await;
-                if let Ok(state) = res {
-                    let _ = tx.send(CoordEvent::Read {
-                        attempt,
-                        node,
-                        state,
-                    });
+                if let Ok(ack) = res {
+                    let _ = tx.send(CoordEvent::Promised { attempt, node, ack });
                 }
             });
         }
-        self.recovery = Some(Recovery {
-            attempt,
-            started: Instant::now(),
-            results,
-        });
+        // This node's own replica, counted like any other (with a store, once it has the
+        // promise).
+        if self.ctx.replicas.is_durable() {
+            let (replicas, tx) = (self.ctx.replicas.clone(), self.ctx.events.clone());
+            let type_name = self.ctx.type_name.clone();
+            tokio::spawn(async move {
+                if let Some(ack) = replicas.promise_durable(&type_name, epoch).await {
+                    let _ = tx.send(CoordEvent::Promised {
+                        attempt,
+                        node: me,
+                        ack,
+                    });
+                }
+            });
+        } else {
+            let ack = self.ctx.replicas.promise(&self.ctx.type_name, epoch);
+            self.on_promised(attempt, me, ack);
+        }
+    }
+
+    fn on_promised(&mut self, attempt: u64, node: UniqueAddress, ack: PromiseAck) {
+        let Some(r) = &mut self.recovery else { return };
+        if r.attempt != attempt {
+            return;
+        }
+        if !ack.granted {
+            // A newer takeover reached this replica first. Try again above it, on the next
+            // tick (not at once: two nodes that both take themselves for the coordinator
+            // would outbid each other as fast as the network goes until their views agree).
+            tracing::debug!(
+                entity_type = %self.ctx.type_name,
+                epoch = r.epoch,
+                promised = ack.promised,
+                "a replica promised a newer epoch; taking over again above it"
+            );
+            self.highest_seen = self.highest_seen.max(ack.promised);
+            self.recovery = None;
+            return;
+        }
+        r.results.insert(node, ack.state);
         self.try_finish_recovery();
     }
 
@@ -426,12 +448,10 @@ impl CoordinatorDriver {
             .max_by_key(|s| (s.epoch, s.version))
             .cloned()
             .unwrap_or_else(|| CoordinatorState::new(self.config.shard_count));
-        let epoch = next_epoch(best.epoch, node_tag(self.ctx.cluster.self_node()));
+        let epoch = r.epoch;
         match Coordinator::recover(self.config.clone(), best.clone(), epoch) {
             Ok((coord, actions)) => {
                 self.recovery = None;
-                let start_version = coord.working_state().version;
-                let base = (best.epoch, best.version);
                 tracing::info!(
                     entity_type = %self.ctx.type_name,
                     epoch,
@@ -453,10 +473,6 @@ impl CoordinatorDriver {
                     stable: None,
                     refs: HashMap::new(),
                     fenced: false,
-                    base,
-                    start_version,
-                    refused: BTreeSet::new(),
-                    superseded: false,
                 };
                 a.process(&self.ctx, actions);
                 a.feed_membership(&self.ctx, &state, &self.seen);
@@ -537,11 +553,7 @@ impl Active {
         self.last_replicate = Instant::now();
         let me = ctx.me().clone();
         let durable = ctx.replicas.is_durable();
-        let base = self.write_base();
-        let local = (!durable && !self.refused.contains(&me)).then(|| {
-            ctx.replicas
-                .write(&ctx.type_name, self.target.clone(), base)
-        });
+        let local = (!durable).then(|| ctx.replicas.write(&ctx.type_name, self.target.clone()));
         let timeout = ctx.settings.replication_timeout;
         let mut nodes = ctx.quorum(&ctx.cluster.state());
         if durable && !nodes.contains(&me) {
@@ -549,7 +561,6 @@ impl Active {
         }
         for node in nodes {
             if (node == me && !durable)
-                || self.refused.contains(&node)
                 || self.acked.get(&node).copied().unwrap_or(0) >= self.target.version
             {
                 continue;
@@ -573,13 +584,12 @@ impl Active {
         let tx = ctx.events.clone();
         let state = self.target.clone();
         let epoch = self.coord.epoch();
-        let base = self.write_base();
         if node == *ctx.me() {
             // Only with a durable store: acknowledged once the store has it.
             let replicas = ctx.replicas.clone();
             let type_name = ctx.type_name.clone();
             tokio::spawn(async move {
-                if let Some(ack) = replicas.write_durable(&type_name, state, base).await {
+                if let Some(ack) = replicas.write_durable(&type_name, state).await {
                     let _ = tx.send(CoordEvent::Acked { epoch, node, ack });
                 }
             });
@@ -597,7 +607,6 @@ impl Active {
                     |reply| ReplicaReq::Write {
                         type_name,
                         state,
-                        base,
                         reply,
                     },
                     timeout,
@@ -620,25 +629,6 @@ impl Active {
                 );
             }
             self.fenced = true;
-            return;
-        }
-        if !ack.accepted && ack.epoch < self.coord.epoch() {
-            // The replica took a write of the previous epoch after this coordinator read the
-            // majority (see `Active::base`).
-            self.inflight.remove(&node);
-            self.refused.insert(node.clone());
-            let members = ctx.quorum(&ctx.cluster.state());
-            let refusing = members.iter().filter(|n| self.refused.contains(n)).count();
-            if members.len() - refusing < majority(members.len().max(1)) {
-                tracing::info!(
-                    entity_type = %ctx.type_name,
-                    epoch = self.coord.epoch(),
-                    recovered_from = ?self.base,
-                    holds = ?(ack.epoch, ack.version),
-                    "the replicas moved on since they were read; reading them again"
-                );
-                self.superseded = true;
-            }
             return;
         }
         if ack.epoch == self.coord.epoch() {
@@ -672,12 +662,6 @@ impl Active {
             .min(self.target.version);
         if v > self.fed {
             self.fed = v;
-            if v >= self.start_version && !self.refused.is_empty() {
-                // The epoch is established: the refusing replicas held writes a majority
-                // never took, and now get this epoch's state without a base.
-                self.refused.clear();
-                self.replicate(ctx);
-            }
             self.input(ctx, Input::Persisted(v));
         }
     }

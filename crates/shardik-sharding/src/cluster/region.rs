@@ -978,8 +978,9 @@ where
             let mut g = self.change();
             let waiting: Vec<String> = g
                 .state
-                .buffered_envelopes()
-                .map(|e| e.entity_id.clone())
+                .take_buffered()
+                .into_iter()
+                .map(|e| e.entity_id)
                 .collect();
             (
                 g.state.hosted_shards(),

@@ -18,8 +18,10 @@ use super::entity_sets::{EntitySets, EntityWrite, Offer, SetKey};
 use super::state_store::{
     decode, encode, RecordKey, ShardingRecord, ShardingStateStore, StateStoreError,
 };
-use super::wire::{decoder, EntitiesAck, EntitySet, ReplicaAck, ReplicaReq, REPLICA_PATH};
-use crate::coordination::CoordinatorState;
+use super::wire::{
+    decoder, EntitiesAck, EntitySet, PromiseAck, ReplicaAck, ReplicaReq, REPLICA_PATH,
+};
+use crate::coordination::{CoordinatorState, Epoch};
 use crate::hash::ShardId;
 
 /// The durable side of a replica: the store and this node's id in it.
@@ -36,33 +38,64 @@ struct Durable {
 /// sets by (type name, shard).
 #[derive(Default)]
 pub(crate) struct ReplicaStore {
-    states: Mutex<HashMap<String, CoordinatorState>>,
+    types: Mutex<HashMap<String, TypeReplica>>,
     entities: Mutex<EntitySets>,
     durable: Option<Durable>,
-    /// Serializes durable coordinator writes: each is checked against the state held and
-    /// then stored, and a check must not pass on a state another write is replacing.
-    durable_writes: tokio::sync::Mutex<()>,
+    /// Serializes the durable coordinator writes and promises of each type: each is checked
+    /// against what the replica holds and then stored, and a check must not pass on a state
+    /// or promise that another one is replacing.
+    durable_ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// A coordinator state's rank: epoch, then version.
-type Rank = (u64, u64);
+/// What a replica holds for the coordinator of one entity type.
+#[derive(Default)]
+struct TypeReplica {
+    /// The newest state accepted.
+    state: Option<CoordinatorState>,
+    /// The highest epoch promised to a coordinator that is taking over (see
+    /// [`ReplicaStore::promise`]): writes of older epochs are refused.
+    promised: Epoch,
+}
 
-/// Whether this replica takes a write of `state` over `cur`, the state it holds.
-///
-/// A write never goes back: it must rank at least as high. And while a coordinator's
-/// first write of its epoch (its `EpochStarted`) is not yet acknowledged by a majority, its
-/// writes carry `base`, the rank of the state it recovered from: a replica that holds a
-/// state of an older epoch ranked above `base` has taken a write since the new coordinator
-/// read the majority (the previous coordinator, still at work), and refuses, so the new one
-/// reads again instead of overwriting a change it never saw. Once a replica took the new
-/// epoch it refuses the old coordinator's writes; so of the two, at most one gets a majority.
-fn accepts(cur: Option<&CoordinatorState>, state: &CoordinatorState, base: Option<Rank>) -> bool {
-    let Some(cur) = cur else { return true };
-    let held = (cur.epoch, cur.version);
-    if (state.epoch, state.version) < held {
-        return false;
+impl TypeReplica {
+    /// Whether a write of `state` is taken: not older (by epoch, then version) than the
+    /// state held, and not of an epoch older than the one promised.
+    fn accepts(&self, state: &CoordinatorState) -> bool {
+        state.epoch >= self.promised
+            && self
+                .state
+                .as_ref()
+                .is_none_or(|c| (state.epoch, state.version) >= (c.epoch, c.version))
     }
-    !(state.epoch > cur.epoch && base.is_some_and(|b| held > b))
+
+    /// Whether a coordinator taking over with `epoch` gets this replica's promise: above
+    /// the epoch of the state held (a state is written by one epoch's coordinator only) and
+    /// not below an earlier promise.
+    fn grants(&self, epoch: Epoch) -> bool {
+        epoch >= self.promised && self.state.as_ref().is_none_or(|c| epoch > c.epoch)
+    }
+
+    /// The highest epoch this replica knows of.
+    fn highest(&self) -> Epoch {
+        self.promised
+            .max(self.state.as_ref().map_or(0, |c| c.epoch))
+    }
+
+    fn ack(&self, accepted: bool) -> ReplicaAck {
+        ReplicaAck {
+            accepted,
+            epoch: self.highest(),
+            version: self.state.as_ref().map_or(0, |c| c.version),
+        }
+    }
+
+    fn promise_ack(&self, granted: bool) -> PromiseAck {
+        PromiseAck {
+            granted,
+            promised: self.highest(),
+            state: self.state.clone(),
+        }
+    }
 }
 
 impl ReplicaStore {
@@ -89,7 +122,11 @@ impl ReplicaStore {
             match rec.key {
                 RecordKey::Coordinator { type_name } => {
                     let state: CoordinatorState = decode(&rec.bytes)?;
-                    r.write(&type_name, state, None);
+                    r.write(&type_name, state);
+                }
+                RecordKey::Promise { type_name } => {
+                    let epoch: Epoch = decode(&rec.bytes)?;
+                    r.types.lock().entry(type_name).or_default().promised = epoch;
                 }
                 RecordKey::Entities { type_name, shard } => {
                     let set: EntitySet = decode(&rec.bytes)?;
@@ -99,7 +136,7 @@ impl ReplicaStore {
         }
         tracing::debug!(
             node,
-            types = r.states.lock().len(),
+            types = r.types.lock().len(),
             shards = r.entities.lock().len(),
             "sharding state loaded"
         );
@@ -111,27 +148,51 @@ impl ReplicaStore {
         self.durable.is_some()
     }
 
-    /// Stores `state` in memory unless the stored one is newer (a higher epoch, or the same
-    /// epoch and a higher version), or changed since the writer's `base` was read (see
-    /// [`accepts`]). A coordinator fenced off by a newer one is refused here, so it never
-    /// gathers a majority again. Without a store this is the whole write.
-    pub(crate) fn write(
-        &self,
-        type_name: &str,
-        state: CoordinatorState,
-        base: Option<Rank>,
-    ) -> ReplicaAck {
-        let mut states = self.states.lock();
-        let accepted = accepts(states.get(type_name), &state, base);
+    /// Stores `state` in memory unless the replica holds a newer one (a higher epoch, or
+    /// the same epoch and a higher version) or promised a newer epoch. A coordinator fenced off
+    /// by a newer one is refused here, so it never gathers a majority again; the answer
+    /// carries the highest epoch known here. Without a store this is the whole write.
+    pub(crate) fn write(&self, type_name: &str, state: CoordinatorState) -> ReplicaAck {
+        let mut types = self.types.lock();
+        let t = types.entry(type_name.to_string()).or_default();
+        let accepted = t.accepts(&state);
         if accepted {
-            states.insert(type_name.to_string(), state);
+            t.state = Some(state);
         }
-        let cur = &states[type_name];
-        ReplicaAck {
-            accepted,
-            epoch: cur.epoch,
-            version: cur.version,
+        t.ack(accepted)
+    }
+
+    /// Promises a coordinator taking over with `epoch` to refuse every write of an older
+    /// epoch from now on, if no newer epoch was promised or written here, and answers with
+    /// the state held (the read of a takeover: Paxos' first phase). A takeover reads a
+    /// majority this way, so of a change the previous coordinator gets to a majority and the
+    /// new coordinator's read, one comes first at some replica both majorities share: the
+    /// change is in what the new coordinator reads, or the change never reaches its majority.
+    pub(crate) fn promise(&self, type_name: &str, epoch: Epoch) -> PromiseAck {
+        let mut types = self.types.lock();
+        let t = types.entry(type_name.to_string()).or_default();
+        let granted = t.grants(epoch);
+        if granted {
+            t.promised = epoch;
         }
+        t.promise_ack(granted)
+    }
+
+    /// The highest epoch promised or written here for `type_name` (0 if none).
+    pub(crate) fn highest_epoch(&self, type_name: &str) -> Epoch {
+        self.types
+            .lock()
+            .get(type_name)
+            .map_or(0, TypeReplica::highest)
+    }
+
+    /// The lock that serializes the durable operations of one type.
+    fn durable_lock(&self, type_name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.durable_ops
+            .lock()
+            .entry(type_name.to_string())
+            .or_default()
+            .clone()
     }
 
     /// [`write`](Self::write), first storing `state` durably if this replica has a store.
@@ -141,21 +202,20 @@ impl ReplicaStore {
         &self,
         type_name: &str,
         state: CoordinatorState,
-        base: Option<Rank>,
     ) -> Option<ReplicaAck> {
         let Some(d) = &self.durable else {
-            return Some(self.write(type_name, state, base));
+            return Some(self.write(type_name, state));
         };
-        let _one_at_a_time = self.durable_writes.lock().await;
-        let rank = (state.epoch, state.version);
-        if let Some(refused) = self.refusal(type_name, &state, base) {
+        let lock = self.durable_lock(type_name);
+        let _one_at_a_time = lock.lock().await;
+        if let Some(refused) = self.refusal(type_name, &state) {
             return Some(refused);
         }
         let record = encode(&state).map(|bytes| ShardingRecord {
             key: RecordKey::Coordinator {
                 type_name: type_name.to_string(),
             },
-            rank,
+            rank: (state.epoch, state.version),
             bytes,
         });
         let saved = match record {
@@ -163,8 +223,8 @@ impl ReplicaStore {
             Err(e) => Err(e),
         };
         match saved {
-            Ok(true) => Some(self.write(type_name, state, base)),
-            Ok(false) => self.refusal(type_name, &state, None),
+            Ok(true) => Some(self.write(type_name, state)),
+            Ok(false) => self.refusal(type_name, &state),
             Err(e) => {
                 store_failed(type_name, &e);
                 None
@@ -172,26 +232,64 @@ impl ReplicaStore {
         }
     }
 
-    /// The refusal of a write of `state` if the state held does not take it (see
-    /// [`accepts`]).
-    fn refusal(
+    /// [`promise`](Self::promise), first storing the promise durably if this replica has a
+    /// store (a replica that restarts must not forget it). `None` (no answer: the
+    /// coordinator asks again) if the store failed.
+    pub(crate) async fn promise_durable(
         &self,
         type_name: &str,
-        state: &CoordinatorState,
-        base: Option<Rank>,
-    ) -> Option<ReplicaAck> {
-        let states = self.states.lock();
-        let cur = states.get(type_name)?;
-        (!accepts(Some(cur), state, base)).then_some(ReplicaAck {
-            accepted: false,
-            epoch: cur.epoch,
-            version: cur.version,
-        })
+        epoch: Epoch,
+    ) -> Option<PromiseAck> {
+        let Some(d) = &self.durable else {
+            return Some(self.promise(type_name, epoch));
+        };
+        let lock = self.durable_lock(type_name);
+        let _one_at_a_time = lock.lock().await;
+        {
+            let types = self.types.lock();
+            if let Some(t) = types.get(type_name).filter(|t| !t.grants(epoch)) {
+                return Some(t.promise_ack(false));
+            }
+        }
+        let record = encode(&epoch).map(|bytes| ShardingRecord {
+            key: RecordKey::Promise {
+                type_name: type_name.to_string(),
+            },
+            rank: (epoch, 0),
+            bytes,
+        });
+        let saved = match record {
+            Ok(record) => d.store.save_record(&d.node, &record).await,
+            Err(e) => Err(e),
+        };
+        match saved {
+            Ok(true) => Some(self.promise(type_name, epoch)),
+            // The store holds a higher promise this replica's memory does not show yet.
+            Ok(false) => Some(PromiseAck {
+                granted: false,
+                promised: epoch.max(self.highest_epoch(type_name)),
+                state: self.read(type_name),
+            }),
+            Err(e) => {
+                store_failed(type_name, &e);
+                None
+            }
+        }
+    }
+
+    /// The refusal of a write of `state` if this replica does not take it.
+    fn refusal(&self, type_name: &str, state: &CoordinatorState) -> Option<ReplicaAck> {
+        let types = self.types.lock();
+        let t = types.get(type_name)?;
+        (!t.accepts(state)).then(|| t.ack(false))
     }
 
     /// The stored state of a type.
     pub(crate) fn read(&self, type_name: &str) -> Option<CoordinatorState> {
-        self.states.lock().get(type_name).cloned()
+        self.types
+            .lock()
+            .get(type_name)
+            .and_then(|t| t.state.clone())
     }
 
     /// Applies a write of a shard's remembered entities (see [`EntitySets`]): answered now,
@@ -307,21 +405,36 @@ impl ReplicaStore {
                 ReplicaReq::Write {
                     type_name,
                     state,
-                    base,
                     reply,
                 } => {
                     if me.is_durable() {
                         let me = me.clone();
                         tokio::spawn(async move {
-                            if let Some(ack) = me.write_durable(&type_name, state, base).await {
+                            if let Some(ack) = me.write_durable(&type_name, state).await {
                                 reply.reply(ack);
                             }
                         });
                     } else {
-                        reply.reply(me.write(&type_name, state, base));
+                        reply.reply(me.write(&type_name, state));
                     }
                 }
                 ReplicaReq::Read { type_name, reply } => reply.reply(me.read(&type_name)),
+                ReplicaReq::Promise {
+                    type_name,
+                    epoch,
+                    reply,
+                } => {
+                    if me.is_durable() {
+                        let me = me.clone();
+                        tokio::spawn(async move {
+                            if let Some(ack) = me.promise_durable(&type_name, epoch).await {
+                                reply.reply(ack);
+                            }
+                        });
+                    } else {
+                        reply.reply(me.promise(&type_name, epoch));
+                    }
+                }
                 ReplicaReq::WriteEntities {
                     type_name,
                     shard,
@@ -364,99 +477,109 @@ mod tests {
     #[test]
     fn newer_epoch_wins_and_fences_older_writers() {
         let r = ReplicaStore::default();
-        assert!(r.write("t", state(1, 5), None).accepted);
-        assert!(!r.write("t", state(1, 4), None).accepted);
+        assert!(r.write("t", state(1, 5)).accepted);
+        assert!(!r.write("t", state(1, 4)).accepted);
         // A new coordinator that recovered from an older majority copy still wins.
-        assert!(r.write("t", state(2, 4), None).accepted);
-        let ack = r.write("t", state(1, 9), None);
+        assert!(r.write("t", state(2, 4)).accepted);
+        let ack = r.write("t", state(1, 9));
         assert!(!ack.accepted);
         assert_eq!((ack.epoch, ack.version), (2, 4));
         assert_eq!(r.read("t").unwrap().version, 4);
         assert!(r.read("other").is_none());
     }
 
-    /// A takeover (epoch 2) that read the majority at (1, 5): a replica that has taken the
-    /// old coordinator's (1, 6) since refuses it, so it cannot overwrite a change it never saw;
-    /// one that took the takeover first refuses the old coordinator from then on.
+    /// A takeover's promise: granted above every epoch promised or written here, it makes
+    /// the replica refuse the older epochs' writes; refused, it tells the highest epoch known.
     #[test]
-    fn a_takeover_is_refused_where_the_state_moved_on_since_its_read() {
-        let moved = ReplicaStore::default();
-        assert!(moved.write("t", state(1, 5), None).accepted);
-        assert!(
-            moved.write("t", state(1, 6), None).accepted,
-            "the old coordinator"
+    fn a_promise_fences_older_epochs_and_is_refused_below_a_newer_one() {
+        let r = ReplicaStore::default();
+        assert!(r.write("t", state(1, 5)).accepted);
+        let ack = r.promise("t", 3);
+        assert!(ack.granted);
+        assert_eq!(
+            ack.state.map(|s| (s.epoch, s.version)),
+            Some((1, 5)),
+            "reads the state"
         );
-        let ack = moved.write("t", state(2, 6), Some((1, 5)));
-        assert!(!ack.accepted);
-        assert_eq!((ack.epoch, ack.version), (1, 6), "tells what it holds");
-        // A replica that lags behind the base takes it.
-        let behind = ReplicaStore::default();
-        assert!(behind.write("t", state(1, 3), None).accepted);
-        assert!(behind.write("t", state(2, 6), Some((1, 5))).accepted);
+        let ack = r.write("t", state(1, 6));
         assert!(
-            !behind.write("t", state(1, 6), None).accepted,
-            "the old one is fenced"
+            !ack.accepted,
+            "the old coordinator is refused after the promise"
         );
-        // Its later writes in the new epoch need no base; once at a majority the new
-        // coordinator stops sending one, and a replica left on the old epoch then takes it.
-        assert!(behind.write("t", state(2, 7), Some((1, 5))).accepted);
-        assert!(moved.write("t", state(2, 8), None).accepted);
-        // An empty replica takes anything.
+        assert_eq!(ack.epoch, 3, "and told of the promise");
+        assert!(!r.promise("t", 2).granted, "a lower takeover is refused");
+        assert_eq!(r.promise("t", 2).promised, 3);
         assert!(
-            ReplicaStore::default()
-                .write("t", state(2, 6), Some((1, 5)))
-                .accepted
+            r.write("t", state(3, 6)).accepted,
+            "the promised epoch writes"
         );
+        assert!(
+            !r.promise("t", 3).granted,
+            "an epoch that wrote here cannot be promised again"
+        );
+        assert_eq!(r.highest_epoch("t"), 3);
+        assert_eq!(r.highest_epoch("other"), 0);
     }
 
-    /// The race a takeover must not lose: the new coordinator reads a majority, the old one
-    /// (still at work) gets its next change to a majority, then the new one writes its epoch
-    /// start. Whichever order the writes reach the three replicas in, at most one of the two
-    /// gets a majority, and a re-read after a lost race sees the old one's change.
+    /// The races of a takeover (Paxos' argument, on three replicas): of a change the old
+    /// coordinator (epoch 1) gets to a majority and the new coordinator's promise majority,
+    /// one comes first at a shared replica, so either the change is in what the takeover
+    /// reads, or the change never reaches a majority. Also when a takeover lost and a later
+    /// one reads a replica holding the lost one's epoch start.
     #[test]
-    fn of_an_old_and_a_new_coordinator_at_most_one_gets_a_majority() {
-        let takes = |rs: &[ReplicaStore], w: (u64, u64), base: Option<(u64, u64)>| {
+    fn a_takeover_never_loses_a_change_the_old_coordinator_committed() {
+        let takes = |rs: &[&ReplicaStore], w: (u64, u64)| {
             rs.iter()
-                .filter(|r| r.write("t", state(w.0, w.1), base).accepted)
+                .filter(|r| r.write("t", state(w.0, w.1)).accepted)
                 .count()
         };
-        let fresh = || -> Vec<ReplicaStore> {
-            let rs: Vec<_> = (0..3).map(|_| ReplicaStore::default()).collect();
-            assert_eq!(takes(&rs, (1, 5), None), 3);
+        let promise = |rs: &[&ReplicaStore], epoch: u64| -> Option<(u64, u64)> {
+            let acks: Vec<PromiseAck> = rs.iter().map(|r| r.promise("t", epoch)).collect();
+            assert!(acks.iter().all(|a| a.granted), "promised {epoch}");
+            acks.iter()
+                .filter_map(|a| a.state.as_ref().map(|s| (s.epoch, s.version)))
+                .max()
+        };
+        let fresh = || -> [ReplicaStore; 3] {
+            let rs = [(); 3].map(|_| ReplicaStore::default());
+            assert_eq!(takes(&[&rs[0], &rs[1], &rs[2]], (1, 5)), 3);
             rs
         };
-        // The old coordinator's change lands first (on replicas 1 and 2): it is committed, and
-        // the takeover that read (1, 5) is refused by both, keeping one replica of three.
+        // The old coordinator's change reaches replicas 1 and 2 first: a takeover promised by
+        // replicas 0 and 1 reads it.
         let rs = fresh();
-        assert_eq!(takes(&rs[1..], (1, 6), None), 2);
-        assert_eq!(
-            takes(&rs, (2, 6), Some((1, 5))),
-            1,
-            "no majority for the takeover"
-        );
-        let reread = rs[1..]
-            .iter()
-            .filter_map(|r| r.read("t"))
-            .max_by_key(|s| s.version);
-        assert_eq!(reread.map(|s| (s.epoch, s.version)), Some((1, 6)));
-        // The next takeover, from it, gets the two; replica 0 holds the lost takeover's
-        // epoch start, ranked above this base, and is written to once the epoch is at a
-        // majority (without a base).
-        assert_eq!(
-            takes(&rs, (3, 7), Some((1, 6))),
-            2,
-            "the next takeover, from it"
-        );
-        assert_eq!(takes(&rs[..1], (3, 8), None), 1);
-        // The takeover lands first (on replicas 0 and 1): the old change then reaches only
-        // replica 2.
+        assert_eq!(takes(&[&rs[1], &rs[2]], (1, 6)), 2, "committed");
+        assert_eq!(promise(&[&rs[0], &rs[1]], 2), Some((1, 6)));
+        // The takeover's promises come first: the change reaches only replica 2.
         let rs = fresh();
-        assert_eq!(takes(&rs[..2], (2, 6), Some((1, 5))), 2);
+        assert_eq!(promise(&[&rs[0], &rs[1]], 2), Some((1, 5)));
+        assert_eq!(takes(&[&rs[1], &rs[2]], (1, 6)), 1, "never committed");
+        // Interleaved: the takeover has replica 0's promise when the old coordinator commits
+        // on replicas 1 and 2; replica 1's promise, which completes the majority, comes with
+        // the change. The takeover writes its epoch start from it, but only to replica 0
+        // before its node fails: not committed, and nothing was answered on it. A third
+        // takeover promised by replicas 1 and 2 reads the change; one promised by replicas 0
+        // and 1 reads the lost epoch start, which holds the change too (a state of an epoch
+        // is only ever written from its promise majority's read).
+        let rs = fresh();
+        assert_eq!(promise(&[&rs[0]], 2), Some((1, 5)));
+        assert_eq!(takes(&[&rs[1], &rs[2]], (1, 6)), 2, "committed by epoch 1");
         assert_eq!(
-            takes(&rs[1..], (1, 6), None),
-            1,
-            "no majority for the old coordinator"
+            promise(&[&rs[1]], 2),
+            Some((1, 6)),
+            "the majority's read has it"
         );
+        assert_eq!(takes(&[&rs[0]], (2, 7)), 1, "epoch 2's start, from (1, 6)");
+        assert_eq!(
+            takes(&[&rs[1], &rs[2]], (1, 7)),
+            1,
+            "epoch 1 is fenced where epoch 2 was promised: no majority any more"
+        );
+        // (Replica 2 took the fenced (1, 7), never committed: adopting it is safe, it
+        // extends (1, 6).)
+        assert_eq!(promise(&[&rs[1], &rs[2]], 3), Some((1, 7)));
+        let rs2 = [&rs[0], &rs[1]];
+        assert_eq!(promise(&rs2, 4), Some((2, 7)));
     }
 }
 
@@ -526,29 +649,50 @@ mod durable_tests {
         }
     }
 
+    /// A promise is stored before it is granted: a replica that restarts still refuses the
+    /// old epoch's writes; one the store failed to keep is not granted.
+    #[tokio::test]
+    async fn a_granted_promise_survives_a_reload_and_a_failed_one_is_not_granted() {
+        let store = Arc::new(TestStore::default());
+        let r = ReplicaStore::load(store.clone(), "n1").await.unwrap();
+        assert!(r.write_durable("t", state(1, 3)).await.unwrap().accepted);
+        assert!(r.promise_durable("t", 5).await.unwrap().granted);
+        let r = ReplicaStore::load(store.clone(), "n1").await.unwrap();
+        assert_eq!(r.highest_epoch("t"), 5);
+        let ack = r.write_durable("t", state(1, 4)).await.unwrap();
+        assert!(
+            !ack.accepted,
+            "the old epoch stays fenced after the restart"
+        );
+        assert_eq!(ack.epoch, 5);
+        assert!(!r.promise_durable("t", 4).await.unwrap().granted);
+        store.fail.store(true, Ordering::SeqCst);
+        assert_eq!(
+            r.promise_durable("t", 7).await,
+            None,
+            "not stored, not granted"
+        );
+        assert_eq!(r.highest_epoch("t"), 5);
+    }
+
     #[tokio::test]
     async fn acknowledged_writes_survive_a_reload_and_failed_ones_are_not_acknowledged() {
         let store = Arc::new(TestStore::default());
         let r = ReplicaStore::load(store.clone(), "n1").await.unwrap();
         assert!(r.is_durable());
-        let ack = r.write_durable("t", state(1, 3), None).await.unwrap();
+        let ack = r.write_durable("t", state(1, 3)).await.unwrap();
         assert!(ack.accepted);
         // Refused by the newer-wins rule without touching the store.
         store.fail.store(true, Ordering::SeqCst);
-        let ack = r.write_durable("t", state(1, 2), None).await.unwrap();
+        let ack = r.write_durable("t", state(1, 2)).await.unwrap();
         assert!(!ack.accepted);
         assert_eq!((ack.epoch, ack.version), (1, 3));
         // A failing store: no acknowledgement, and reads do not see the state.
-        assert_eq!(r.write_durable("t", state(1, 4), None).await, None);
+        assert_eq!(r.write_durable("t", state(1, 4)).await, None);
         assert_eq!(r.read("t").unwrap().version, 3);
         store.fail.store(false, Ordering::SeqCst);
         // The writer's retry succeeds.
-        assert!(
-            r.write_durable("t", state(1, 4), None)
-                .await
-                .unwrap()
-                .accepted
-        );
+        assert!(r.write_durable("t", state(1, 4)).await.unwrap().accepted);
 
         // Another node id in the same store sees nothing of n1's.
         let other = ReplicaStore::load(store.clone(), "n2").await.unwrap();

@@ -33,6 +33,12 @@ pub enum RecordKey {
         /// The entity type's name.
         type_name: String,
     },
+    /// The highest epoch this node's replica promised to a coordinator taking over the
+    /// entity type; ranked by (epoch, 0).
+    Promise {
+        /// The entity type's name.
+        type_name: String,
+    },
     /// The remembered entity ids of one shard of an entity type; ranked by the set's stamp
     /// (owner generation, write number).
     Entities {
@@ -47,17 +53,18 @@ impl RecordKey {
     /// The entity type the record belongs to.
     pub fn type_name(&self) -> &str {
         match self {
-            RecordKey::Coordinator { type_name } | RecordKey::Entities { type_name, .. } => {
-                type_name
-            }
+            RecordKey::Coordinator { type_name }
+            | RecordKey::Promise { type_name }
+            | RecordKey::Entities { type_name, .. } => type_name,
         }
     }
 
     /// The key as one integer column next to the type name, for SQL tables: `-1` for the
-    /// coordinator state, the shard number for a shard's entities.
+    /// coordinator state, `-2` for the promise, the shard number for a shard's entities.
     pub fn shard_column(&self) -> i64 {
         match self {
             RecordKey::Coordinator { .. } => -1,
+            RecordKey::Promise { .. } => -2,
             RecordKey::Entities { shard, .. } => i64::from(*shard),
         }
     }
@@ -65,8 +72,10 @@ impl RecordKey {
     /// The key back from its [`type_name`](Self::type_name) and
     /// [`shard_column`](Self::shard_column); `None` for a column value no key produces.
     pub fn from_columns(type_name: String, shard: i64) -> Option<RecordKey> {
-        if shard == -1 {
-            return Some(RecordKey::Coordinator { type_name });
+        match shard {
+            -1 => return Some(RecordKey::Coordinator { type_name }),
+            -2 => return Some(RecordKey::Promise { type_name }),
+            _ => {}
         }
         let shard = ShardId::try_from(shard).ok()?;
         Some(RecordKey::Entities { type_name, shard })
@@ -140,6 +149,9 @@ mod tests {
             RecordKey::Coordinator {
                 type_name: "t".into(),
             },
+            RecordKey::Promise {
+                type_name: "t".into(),
+            },
             RecordKey::Entities {
                 type_name: "t".into(),
                 shard: 0,
@@ -152,7 +164,7 @@ mod tests {
             let back = RecordKey::from_columns(key.type_name().to_string(), key.shard_column());
             assert_eq!(back, Some(key));
         }
-        assert_eq!(RecordKey::from_columns("t".into(), -2), None);
+        assert_eq!(RecordKey::from_columns("t".into(), -3), None);
     }
 
     #[test]

@@ -159,22 +159,24 @@ pub(crate) enum CoordWire {
 /// A request to the replica endpoint.
 #[derive(Serialize, Deserialize)]
 pub(crate) enum ReplicaReq {
-    /// Store `state` if it is not older (by epoch, then version) than the stored one and,
-    /// with a `base`, if the stored one of an older epoch ranks no higher than `base` (see
-    /// `replica::accepts`).
+    /// Store `state` if it is not older (by epoch, then version) than the stored one, nor of
+    /// an epoch older than one promised.
     Write {
         type_name: String,
         state: CoordinatorState,
-        /// The rank (epoch, version) of the state the writer recovered from, while its
-        /// epoch's first write is not yet at a majority. Absent from older nodes' writes.
-        #[serde(default)]
-        base: Option<(Epoch, Version)>,
         reply: ReplyTo<ReplicaAck>,
     },
-    /// The stored state of a type, if any.
+    /// The stored state of a type, if any (a plain read; takeovers use `Promise`).
     Read {
         type_name: String,
         reply: ReplyTo<Option<CoordinatorState>>,
+    },
+    /// A coordinator taking over with `epoch` reads the state and asks the replica to refuse
+    /// writes of older epochs from now on (see `ReplicaStore::promise`).
+    Promise {
+        type_name: String,
+        epoch: Epoch,
+        reply: ReplyTo<PromiseAck>,
     },
     /// Store the whole remembered set of a shard unless the replica holds a newer one.
     WriteEntities {
@@ -232,6 +234,18 @@ pub(crate) struct ReplicaAck {
     pub(crate) accepted: bool,
     pub(crate) epoch: Epoch,
     pub(crate) version: Version,
+}
+
+/// The answer to [`ReplicaReq::Promise`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct PromiseAck {
+    /// Whether the replica promised: no newer epoch was promised or written there.
+    pub(crate) granted: bool,
+    /// The highest epoch the replica knows of (promised or written): a refused coordinator
+    /// takes over again above it.
+    pub(crate) promised: Epoch,
+    /// The state the replica holds.
+    pub(crate) state: Option<CoordinatorState>,
 }
 
 /// A decoder that decodes `T` and hands it to `f` (on the connection's reader task).

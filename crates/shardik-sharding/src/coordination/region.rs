@@ -355,6 +355,15 @@ impl<M> RegionState<M> {
         self.buffers.values().flatten()
     }
 
+    /// Takes every buffered message out, shard by shard in order (the node stops hosting:
+    /// the IO layer records them as dead letters, and nothing forwards them later).
+    pub fn take_buffered(&mut self) -> Vec<Envelope<M>> {
+        std::mem::take(&mut self.buffers)
+            .into_values()
+            .flatten()
+            .collect()
+    }
+
     /// Route a message from a local sender. Delivered locally, forwarded, or buffered; a full
     /// buffer hands the message back with [`SendError::BufferFull`] (and counts it).
     pub fn send(

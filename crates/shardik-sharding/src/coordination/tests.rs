@@ -814,6 +814,39 @@ fn hand_off(reg: &mut RegionState<u32>, fences: Vec<RegionId>) -> Acts {
     )
 }
 
+/// A stopping node takes what waits for a home out of the region, in order per shard, so
+/// nothing forwards it after it was recorded as a dead letter.
+#[test]
+fn taking_the_buffered_messages_leaves_nothing_to_forward() {
+    let mut reg = registered("a", &[]);
+    let mut out = Vec::new();
+    for n in 1..=3 {
+        reg.send(0, env("x", 1, n), &mut out).unwrap();
+    }
+    reg.send(0, env("y", 2, 4), &mut out).unwrap();
+    assert_eq!(reg.buffered(), 4);
+    let mut taken: Vec<(u32, u32)> = reg
+        .take_buffered()
+        .into_iter()
+        .map(|e| (e.shard, e.payload))
+        .collect();
+    taken.sort_by_key(|(shard, _)| *shard); // shards in any order, each in its own order
+    assert_eq!(taken, vec![(1, 1), (1, 2), (1, 3), (2, 4)]);
+    assert_eq!(reg.buffered(), 0);
+    // A home arriving now forwards nothing.
+    let out = from_coord(
+        &mut reg,
+        0,
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard: 1,
+            region: r("b"),
+            token: 0,
+        },
+    );
+    assert!(forwarded(&out).is_empty(), "{out:?}");
+}
+
 /// A forwarded message for a shard this region's shard count does not have is handed back
 /// (the IO layer records it as a dead letter), not dropped silently.
 #[test]
