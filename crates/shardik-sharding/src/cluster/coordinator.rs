@@ -356,6 +356,10 @@ impl CoordinatorDriver {
             .highest_seen
             .max(self.ctx.replicas.highest_epoch(&self.ctx.type_name));
         let epoch = next_epoch(known, node_tag(self.ctx.cluster.self_node()));
+        // Never the same epoch twice from this node, even if its own replica did not keep
+        // the promise (a failing store): replicas holding a state of an earlier reign at
+        // that epoch would be taken for this one's.
+        self.highest_seen = self.highest_seen.max(epoch);
         self.recovery = Some(Recovery {
             attempt,
             started: Instant::now(),

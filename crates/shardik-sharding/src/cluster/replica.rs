@@ -120,13 +120,24 @@ impl ReplicaStore {
         };
         for rec in records {
             match rec.key {
+                // Set as stored, in whatever order the store returns the records: a state
+                // replayed through `write` would be refused under a promise loaded first.
                 RecordKey::Coordinator { type_name } => {
                     let state: CoordinatorState = decode(&rec.bytes)?;
-                    r.write(&type_name, state);
+                    let mut types = r.types.lock();
+                    let t = types.entry(type_name).or_default();
+                    if t.state
+                        .as_ref()
+                        .is_none_or(|c| (state.epoch, state.version) > (c.epoch, c.version))
+                    {
+                        t.state = Some(state);
+                    }
                 }
                 RecordKey::Promise { type_name } => {
                     let epoch: Epoch = decode(&rec.bytes)?;
-                    r.types.lock().entry(type_name).or_default().promised = epoch;
+                    let mut types = r.types.lock();
+                    let t = types.entry(type_name).or_default();
+                    t.promised = t.promised.max(epoch);
                 }
                 RecordKey::Entities { type_name, shard } => {
                     let set: EntitySet = decode(&rec.bytes)?;
@@ -624,13 +635,16 @@ mod durable_tests {
                 if self.fail.load(Ordering::SeqCst) {
                     return Err(StateStoreError("injected".into()));
                 }
-                Ok(self
+                // In SQLite's order (by shard column): a promise comes before its state.
+                let mut records: Vec<ShardingRecord> = self
                     .records
                     .lock()
                     .iter()
                     .filter(|((n, _), _)| n == node)
                     .map(|(_, r)| r.clone())
-                    .collect())
+                    .collect();
+                records.sort_by_key(|r| r.key.shard_column());
+                Ok(records)
             })
         }
     }
@@ -659,6 +673,11 @@ mod durable_tests {
         assert!(r.promise_durable("t", 5).await.unwrap().granted);
         let r = ReplicaStore::load(store.clone(), "n1").await.unwrap();
         assert_eq!(r.highest_epoch("t"), 5);
+        assert_eq!(
+            r.read("t").map(|s| (s.epoch, s.version)),
+            Some((1, 3)),
+            "the state comes back with the promise, whichever the store returns first"
+        );
         let ack = r.write_durable("t", state(1, 4)).await.unwrap();
         assert!(
             !ack.accepted,
