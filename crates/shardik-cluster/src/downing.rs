@@ -249,6 +249,9 @@ struct Picture {
     cover: BTreeSet<UniqueAddress>,
     /// The nodes flagged once the cover is left out: the other side of a clean partition.
     clean: BTreeSet<UniqueAddress>,
+    /// Cover nodes that a live member outside the cover flags as well: not only across a
+    /// broken link, they are lost to the rest (a partition that cut across the link).
+    cover_lost: BTreeSet<UniqueAddress>,
 }
 
 impl Picture {
@@ -282,7 +285,16 @@ impl Picture {
             .filter(|(o, s)| !cover.contains(*o) && !cover.contains(*s))
             .map(|(_, s)| (*s).clone())
             .collect();
-        Some(Picture { cover, clean })
+        let cover_lost = records
+            .iter()
+            .filter(|(o, s)| !cover.contains(*o) && cover.contains(*s))
+            .map(|(_, s)| (*s).clone())
+            .collect();
+        Some(Picture {
+            cover,
+            clean,
+            cover_lost,
+        })
     }
 
     /// The decision `self_node` takes on this picture.
@@ -294,8 +306,29 @@ impl Picture {
     ) -> Option<Decision> {
         let sides = Sides::new(gossip, self_node, &self.clean, &self.cover);
         let pick = |s: &[&Member]| s.iter().map(|m| m.node.clone()).collect::<BTreeSet<_>>();
-        let (kind, mut down) = if sides.unreachable.is_empty() {
+        let (kind, mut down) = if sides.unreachable.is_empty() && self.cover_lost.is_empty() {
             (DecisionKind::DownUnreachable, BTreeSet::new())
+        } else if sides.unreachable.is_empty() {
+            // Only broken links are left, but some of their ends are flagged by members
+            // outside the cover too: downing them is going on against them, which this side
+            // may do only if the strategy lets it win against them (their side may have
+            // counted differently: a member removed there, still `Exiting` here).
+            let rest: BTreeSet<UniqueAddress> =
+                self.cover.difference(&self.cover_lost).cloned().collect();
+            let against = Sides::new(gossip, self_node, &self.cover_lost, &rest);
+            match decide_kind(&against, config) {
+                DecisionKind::DownUnreachable => (DecisionKind::DownUnreachable, BTreeSet::new()),
+                DecisionKind::DownReachable => {
+                    (DecisionKind::DownReachable, pick(&against.reachable))
+                }
+                DecisionKind::DownAll => (
+                    DecisionKind::DownAll,
+                    pick(&against.reachable)
+                        .into_iter()
+                        .chain(pick(&against.unreachable))
+                        .collect(),
+                ),
+            }
         } else {
             let kind = decide_kind(&sides, config);
             let down = match kind {

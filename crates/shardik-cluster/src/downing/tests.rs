@@ -221,6 +221,39 @@ fn exiting_member_removed_on_one_side_only_never_lets_both_sides_go_on() {
     }
 }
 
+/// Found by `split_safety`: n0 is `Exiting` with a broken link to n1 that everybody saw;
+/// n1's side removed n0 just before the split {n1} | {n0, n2}. n1 counts one against one
+/// and wins the tie; n0's side read the partition as the broken link only (n1 its end to
+/// down) and went on too. The covered end is flagged by n2 as well, so n0's side now weighs
+/// it like any unreachable member, and loses the count without the exiting n0.
+#[test]
+fn a_partition_across_a_broken_link_with_an_exiting_end_lets_one_side_go_on() {
+    let mut base = cluster(3);
+    base.set_status(&n(0), MemberStatus::Leaving).unwrap();
+    base.set_status(&n(0), MemberStatus::Exiting).unwrap();
+    base.reachability_mut().unreachable(&n(0), &n(1));
+    base.reachability_mut().unreachable(&n(1), &n(0));
+    base.touch(&n(0));
+    for i in 0..3 {
+        base.mark_seen(&n(i));
+    }
+    let mut lone = base.clone();
+    lone.set_status(&n(0), MemberStatus::Removed).unwrap();
+    let lone = split(&lone, &[1], &[2]);
+    let pair = split(&base, &[0, 2], &[1]);
+    let c = cfg(Strategy::KeepMajority);
+    let goes_on = |d: &Decision, side: &[u8]| {
+        d.kind == DecisionKind::DownUnreachable && side.iter().any(|i| !d.down.contains(&n(*i)))
+    };
+    let l = decide_on(&lone, 1, &c);
+    let p = decide_on(&pair, 0, &c);
+    assert!(
+        !(goes_on(&l, &[1]) && goes_on(&p, &[0, 2])),
+        "both sides go on: {l:?} / {p:?}"
+    );
+    assert!(goes_on(&l, &[1]), "n1 wins the tie on its count: {l:?}");
+}
+
 mod split_safety {
     //! Whatever membership change raced a partition (seen by one side only), at most one side
     //! of a split goes on.

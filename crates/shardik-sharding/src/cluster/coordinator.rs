@@ -692,15 +692,26 @@ impl Active {
                 continue;
             };
             if never_seen(state, &node, seen) {
-                let since = *self
-                    .unseen_since
-                    .entry(region.clone())
-                    .or_insert_with(Instant::now);
+                let since = match self.unseen_since.get(&region) {
+                    Some(since) => *since,
+                    None => {
+                        // Held like a gone region's (no home on a node that may not be
+                        // there, nothing new allocated to it) until it shows up or the grace
+                        // is over.
+                        self.unseen_since.insert(region.clone(), Instant::now());
+                        self.input(ctx, Input::RegionGone(region.clone()));
+                        Instant::now()
+                    }
+                };
                 if since.elapsed() < UNSEEN_GRACE {
                     continue;
                 }
-            } else {
-                self.unseen_since.remove(&region);
+            } else if self.unseen_since.remove(&region).is_some()
+                && !self.fed_down.contains(&region)
+                && !is_gone(state, &node)
+            {
+                tracing::info!(entity_type = %ctx.type_name, %region, "a region whose node this view did not hold has shown up");
+                self.input(ctx, Input::RegionBack(region.clone()));
             }
             if is_gone(state, &node) {
                 if self.fed_down.contains(&region) {

@@ -106,6 +106,11 @@ pub enum Input {
     /// home the asker cannot use; `RegionDown` reallocates those shards at once and the
     /// broadcast of their new homes answers the askers (no wait for their next retry).
     RegionGone(RegionId),
+    /// A region reported [`Input::RegionGone`] turned out to be there after all (the IO
+    /// layer took it for gone because its view did not hold its node yet): shards may be
+    /// allocated to it again, and the held `GetShardHome`s for its shards are answered.
+    /// Ignored for a region that is down.
+    RegionBack(RegionId),
     /// The region is gone: its node was downed or removed **and its entities are stopped**.
     RegionDown(RegionId),
 }
@@ -370,6 +375,11 @@ impl Coordinator {
             Input::RegionGone(r) => {
                 if !self.downed.contains(&r) {
                     self.gone.insert(r);
+                }
+            }
+            Input::RegionBack(r) => {
+                if self.gone.remove(&r) {
+                    self.answer_held(out);
                 }
             }
             Input::RegionDown(r) => self.on_region_down(r, out),

@@ -537,6 +537,45 @@ fn missing_shard_stopped_retries_hand_off_and_never_reallocates() {
     assert!(c.handoffs().all(|h| h.shard != shard));
 }
 
+/// A region taken for gone that turns out to be there (`RegionBack`: the view did not hold
+/// its node yet) keeps its shards: the held request is answered with its home, and it gets
+/// new shards again.
+#[test]
+fn a_region_back_from_gone_keeps_its_shards_and_answers_held_requests() {
+    let mut c = coordinator(8, &["a", "b"]);
+    allocate(&mut c, 0..2);
+    let shard = (0..2)
+        .find(|s| c.state().home(*s) == Some(&r("a")))
+        .expect("a shard on a");
+    let mut out = Vec::new();
+    c.handle(1_000, Input::RegionGone(r("a")), &mut out);
+    assert!(get_home(&mut c, "b", shard).is_empty(), "held while gone");
+    let mut out = Vec::new();
+    c.handle(1_100, Input::RegionBack(r("a")), &mut out);
+    assert!(persists(&out).is_empty(), "nothing moves");
+    assert_eq!(
+        sends(&out),
+        vec![(
+            r("b"),
+            ToRegion::ShardHome {
+                epoch: c.epoch(),
+                shard,
+                region: r("a"),
+                token: 0,
+            }
+        )]
+    );
+    assert_eq!(c.state().home(shard), Some(&r("a")));
+    // A region that is down stays down.
+    let mut out = Vec::new();
+    c.handle(1_200, Input::RegionDown(r("a")), &mut out);
+    persist_all(&mut c, &mut out);
+    let mut out = Vec::new();
+    c.handle(1_300, Input::RegionBack(r("a")), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert_ne!(c.state().home(shard), Some(&r("a")));
+}
+
 /// Between `RegionGone` (its node is down, its entities may still be stopping) and
 /// `RegionDown`, a region asking for the home of a gone region's shard is not answered with
 /// that home (it would ignore it and ask again after its retry interval): the request is held,
