@@ -249,8 +249,10 @@ struct Picture {
     cover: BTreeSet<UniqueAddress>,
     /// The nodes flagged once the cover is left out: the other side of a clean partition.
     clean: BTreeSet<UniqueAddress>,
-    /// Cover nodes that a live member outside the cover flags as well: not only across a
-    /// broken link, they are lost to the rest (a partition that cut across the link).
+    /// Cover nodes that a live member outside the broken links (not indirectly connected)
+    /// flags as well: not only across a broken link, they are lost to the rest (a partition
+    /// that cut across the link). The other end of a broken link flags its end too, but it is
+    /// indirectly connected itself, so a plain flaky link leaves this empty.
     cover_lost: BTreeSet<UniqueAddress>,
 }
 
@@ -287,7 +289,7 @@ impl Picture {
             .collect();
         let cover_lost = records
             .iter()
-            .filter(|(o, s)| !cover.contains(*o) && cover.contains(*s))
+            .filter(|(o, s)| !indirect.contains(*o) && cover.contains(*s))
             .map(|(_, s)| (*s).clone())
             .collect();
         Some(Picture {

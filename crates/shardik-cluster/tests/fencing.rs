@@ -285,7 +285,6 @@ fn a_node_downed_in_random_partitions_is_fenced_within_the_down_margin() {
         (3, 1..=8),
         (4, 1..=12),
         (5, 1..=24),
-        (5, 834..=834),
         (6, 1..=12),
         (7, 20..=27),
         (7, 296..=300),

@@ -254,6 +254,54 @@ fn a_partition_across_a_broken_link_with_an_exiting_end_lets_one_side_go_on() {
     assert!(goes_on(&l, &[1]), "n1 wins the tie on its count: {l:?}");
 }
 
+/// A flaky link (both ends flag each other, nobody else flags anyone) costs one of its ends
+/// and nothing else, whatever the strategy, also with an `Exiting` member or a one-way cut
+/// beside it: only a partition is weighed by the strategy.
+#[test]
+fn a_flaky_link_costs_one_end_under_every_strategy() {
+    let strategies = [
+        Strategy::KeepMajority,
+        Strategy::StaticQuorum { quorum_size: 2 },
+        Strategy::StaticQuorum { quorum_size: 3 },
+        Strategy::KeepOldest {
+            down_if_alone: false,
+        },
+        Strategy::KeepOldest {
+            down_if_alone: true,
+        },
+        Strategy::DownAll,
+    ];
+    for exiting in [false, true] {
+        for one_way in [false, true] {
+            let mut g = cluster(3);
+            if exiting {
+                g.set_status(&n(0), MemberStatus::Leaving).unwrap();
+                g.set_status(&n(0), MemberStatus::Exiting).unwrap();
+            }
+            g.reachability_mut().unreachable(&n(0), &n(1));
+            if !one_way {
+                g.reachability_mut().unreachable(&n(1), &n(0));
+            }
+            g.touch(&n(0));
+            for i in 0..3 {
+                g.mark_seen(&n(i));
+            }
+            for strategy in strategies.clone() {
+                let d = decide_on(&g, 2, &cfg(strategy.clone()));
+                assert_eq!(
+                    d.down.len(),
+                    1,
+                    "{strategy:?}, exiting {exiting}, one way {one_way}: {d:?}"
+                );
+                assert!(
+                    d.down.contains(&n(0)) || d.down.contains(&n(1)),
+                    "{strategy:?}: an end goes: {d:?}"
+                );
+            }
+        }
+    }
+}
+
 mod split_safety {
     //! Whatever membership change raced a partition (seen by one side only), at most one side
     //! of a split goes on.

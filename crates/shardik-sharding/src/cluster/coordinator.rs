@@ -711,6 +711,8 @@ impl Active {
                 && !is_gone(state, &node)
             {
                 tracing::info!(entity_type = %ctx.type_name, %region, "a region whose node this view did not hold has shown up");
+                // Its margin starts afresh should its node go later.
+                self.gone_since.remove(&region);
                 self.input(ctx, Input::RegionBack(region.clone()));
             }
             if is_gone(state, &node) {
