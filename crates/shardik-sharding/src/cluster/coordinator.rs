@@ -280,8 +280,13 @@ impl CoordinatorDriver {
             // A newer coordinator wrote to the replicas; start over from their state.
             self.active = None;
         }
-        if self.active.is_none() && self.recovery.is_none() {
-            self.start_recovery(&state);
+        if self.active.is_none() {
+            match self.recovery {
+                None => self.start_recovery(&state),
+                // Members that are gone no longer count: the answers already in may be a
+                // majority of the smaller membership (else it waited for the timeout).
+                Some(_) => self.try_finish_recovery(),
+            }
         }
         if let Some(a) = &mut self.active {
             a.feed_membership(&self.ctx, &state, &self.seen);

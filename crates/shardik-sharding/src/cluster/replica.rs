@@ -70,9 +70,12 @@ impl TypeReplica {
 
     /// Whether a coordinator taking over with `epoch` gets this replica's promise: above
     /// the epoch of the state held (a state is written by one epoch's coordinator only) and
-    /// not below an earlier promise.
+    /// above every earlier promise. An epoch is promised once: every takeover attempt picks
+    /// a new one, so a second request for a promised epoch comes from another node whose
+    /// tag collided (see [`next_epoch`](crate::coordination::next_epoch)), and granting both
+    /// could give both a majority.
     fn grants(&self, epoch: Epoch) -> bool {
-        epoch >= self.promised && self.state.as_ref().is_none_or(|c| epoch > c.epoch)
+        epoch > self.promised && self.state.as_ref().is_none_or(|c| epoch > c.epoch)
     }
 
     /// The highest epoch this replica knows of.
@@ -530,6 +533,44 @@ mod tests {
         );
         assert_eq!(r.highest_epoch("t"), 3);
         assert_eq!(r.highest_epoch("other"), 0);
+    }
+
+    /// Two nodes whose epoch tags collide take over at once with the same epoch. Whatever
+    /// order each of three replicas sees their promise requests in (also with a replica that
+    /// already holds a state of that epoch), at most one of them gathers a majority, so two
+    /// coordinators never recover from the same epoch. With the same epoch granted twice, as
+    /// before, both got all three.
+    #[test]
+    fn two_takeovers_with_one_epoch_never_both_get_a_majority() {
+        let epoch = crate::coordination::next_epoch(1, 7);
+        for order in 0..8u32 {
+            for written in [None, Some(1), Some(epoch)] {
+                let rs = [(); 3].map(|_| ReplicaStore::default());
+                if let Some(e) = written {
+                    assert!(rs[0].write("t", state(e, 5)).accepted);
+                }
+                let mut grants = [0; 2];
+                for (i, r) in rs.iter().enumerate() {
+                    let first = ((order >> i) & 1) as usize;
+                    for who in [first, 1 - first] {
+                        if r.promise("t", epoch).granted {
+                            grants[who] += 1;
+                        }
+                    }
+                }
+                assert!(
+                    grants.iter().filter(|&&g| g >= 2).count() <= 1,
+                    "order {order:03b}, replica 0 holding {written:?}: grants {grants:?}"
+                );
+                assert!(
+                    grants.iter().sum::<usize>() <= 3,
+                    "each replica promises the epoch once: {grants:?}"
+                );
+                if written != Some(epoch) {
+                    assert_eq!(grants.iter().sum::<usize>(), 3, "one grant per replica");
+                }
+            }
+        }
     }
 
     /// The races of a takeover (Paxos' argument, on three replicas): of a change the old

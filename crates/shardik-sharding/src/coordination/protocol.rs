@@ -48,7 +48,8 @@ pub fn epoch_round(epoch: Epoch) -> u64 {
 
 /// The epoch of a coordinator that takes over after reading `read`: the next round, tagged
 /// with `tag` (a hash of the coordinator's node). Always above `read`. Two coordinators get
-/// equal epochs only if their tags collide (1 in 65 536 for distinct nodes).
+/// equal epochs only if their tags collide (1 in 65 536 for distinct nodes); a replica
+/// promises an epoch once, so of two such takeovers at most one gathers a majority.
 pub fn next_epoch(read: Epoch, tag: u64) -> Epoch {
     let mask = (1u64 << EPOCH_TAG_BITS) - 1;
     ((epoch_round(read) + 1) << EPOCH_TAG_BITS) | (tag & mask)
