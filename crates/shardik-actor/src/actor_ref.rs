@@ -138,8 +138,17 @@ impl<M: Send + 'static> ActorRef<M> {
         self.target.graceful_stop();
     }
 
-    /// Waits until the actor has terminated (at once if it already has).
+    /// Waits until the actor has terminated (at once if it already has). Dropping the
+    /// future before then (a `select!` that took another branch) withdraws its wait.
     pub async fn terminated(&self) -> Terminated {
+        /// Withdraws the wait when the future is dropped unfinished (and costs a scan of
+        /// an empty list when it finished: termination takes the waits).
+        struct Withdraw<'a>(&'a dyn CellHandle, ActorId);
+        impl Drop for Withdraw<'_> {
+            fn drop(&mut self) {
+                self.0.remove_watcher(self.1);
+            }
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let waiter = self.target.system().next_id();
         self.target.add_watcher(
@@ -148,6 +157,7 @@ impl<M: Send + 'static> ActorRef<M> {
                 let _ = tx.send(t.clone());
             }),
         );
+        let _withdraw = Withdraw(&*self.target, waiter);
         rx.await.expect("termination notice is always sent")
     }
 

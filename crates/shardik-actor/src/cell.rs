@@ -29,7 +29,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
 use futures_util::FutureExt;
@@ -127,7 +127,20 @@ pub(crate) struct Cell<A: Actor> {
 
 impl<A: Actor> Cell<A> {
     /// Creates the cell and schedules its first turn (which runs `started`).
+    /// A new cell, started at once (for tests; the system and contexts register the cell
+    /// before they start it, see [`create`](Self::create)).
+    #[cfg(test)]
     pub(crate) fn spawn(system: &Arc<SystemShared>, parent: Parent, props: Props<A>) -> Arc<Self> {
+        let cell = Self::create(system, parent, props);
+        cell.launch();
+        cell
+    }
+
+    /// A new cell, not started yet: the caller registers it (with the system or its parent)
+    /// and then calls [`launch`](Self::launch). Registered after its first turn could run,
+    /// an actor that stops at once would be removed before it was inserted, and the stale
+    /// entry kept it (and, at the top level, its system) alive.
+    pub(crate) fn create(system: &Arc<SystemShared>, parent: Parent, props: Props<A>) -> Arc<Self> {
         let id = system.next_id();
         let cell = Arc::new_cyclic(|me| Cell {
             id,
@@ -151,8 +164,12 @@ impl<A: Actor> Cell<A> {
         });
         *cell.run.lock() = Some(state);
         system.actor_started();
-        cell.dispatch();
         cell
+    }
+
+    /// Starts a cell made by [`create`](Self::create): its first turn runs `started`.
+    pub(crate) fn launch(&self) {
+        self.dispatch();
     }
 
     /// Makes sure a run task will look at the mailbox: spawns one if the actor is idle, wakes
@@ -240,14 +257,17 @@ impl<A: Actor> Cell<A> {
         })
     }
 
+    /// Adds a child. False if this actor is stopping (the caller stops the child at once):
+    /// a child spawned while its parent stops, from the `stopped` hook say, is still awaited
+    /// before the parent terminates. Also false, without adding it, once the parent has
+    /// terminated.
     pub(crate) fn add_child(&self, child: Arc<dyn CellHandle>) -> bool {
         self.with_extras(|x| {
-            if x.stopping || x.terminated.is_some() {
-                false
-            } else {
-                x.children.insert(child.id(), child);
-                true
+            if x.terminated.is_some() {
+                return false;
             }
+            x.children.insert(child.id(), child);
+            !x.stopping
         })
     }
 }
@@ -348,19 +368,35 @@ impl<A: Actor> RefTarget<A::Msg> for Cell<A> {
 /// Outcome of a supervised call.
 type Guarded = Result<(), String>;
 
-/// Runs a handler or hook future, turning an error or a panic into the failure text.
+/// Runs `make` (a handler or hook call) and the future it returns, turning an error or a
+/// panic in either into the failure text. A handler written as `fn handle(..) -> impl
+/// Future` runs code before it returns its future: a panic there is a failure like any
+/// other (before 2026-11-27 it escaped the turn and left the actor scheduled for good).
 ///
-/// Not an `async fn`: that would keep `fut` in its state twice (once as the argument and once
-/// inside the `catch_unwind` it awaits), doubling the size of every turn's future, which the
-/// dispatcher allocates per turn (an event-sourced entity's turn went from 1.3 KB to 0.9 KB).
-fn guarded<F: Future<Output = Result<(), ActorError>>>(fut: F) -> impl Future<Output = Guarded> {
-    AssertUnwindSafe(fut)
-        .catch_unwind()
-        .map(|outcome| match outcome {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(panic) => Err(format!("panicked: {}", panic_message(&*panic))),
-        })
+/// Not an `async fn`: that would keep the future in its state twice (once as the argument and
+/// once inside the `catch_unwind` it awaits), doubling the size of every turn's future, which
+/// the dispatcher allocates per turn (an event-sourced entity's turn went from 1.3 KB to 0.9 KB).
+fn guarded<F: Future<Output = Result<(), ActorError>>>(
+    make: impl FnOnce() -> F,
+) -> impl Future<Output = Guarded> {
+    match call_guarded(make) {
+        Ok(fut) => futures_util::future::Either::Left(AssertUnwindSafe(fut).catch_unwind().map(
+            |outcome| match outcome {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(panic) => Err(format!("panicked: {}", panic_message(&*panic))),
+            },
+        )),
+        Err(panic) => futures_util::future::Either::Right(std::future::ready(Err(format!(
+            "panicked: {}",
+            panic_message(&*panic)
+        )))),
+    }
+}
+
+/// Calls `f`, catching a panic.
+fn call_guarded<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
+    std::panic::catch_unwind(AssertUnwindSafe(f))
 }
 
 pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
@@ -391,7 +427,7 @@ impl<A: Actor> Cell<A> {
                 Decision::Resume
             }
             SupervisorStrategy::Restart(policy) => {
-                match st.restarts.on_failure(policy, Instant::now()) {
+                match st.restarts.on_failure(policy, tokio::time::Instant::now()) {
                     Some(backoff) => {
                         tracing::warn!(actor = %self.label(), %error, ?backoff, "actor failed; restarting it");
                         metrics::counter!("shardik_actor_restarts_total").increment(1);
@@ -448,7 +484,7 @@ impl<A: Actor> Cell<A> {
                 }
             };
             let actor = st.actor.insert(actor);
-            match guarded(actor.started(ctx)).await {
+            match guarded(|| actor.started(ctx)).await {
                 Ok(()) => return Ok(()),
                 Err(error) => match self.decide(st, format!("started hook failed: {error}")) {
                     Decision::Resume => return Ok(()),
@@ -543,6 +579,28 @@ impl<A: Actor> Cell<A> {
         }
     }
 
+    /// Stops `children` and waits until each has terminated.
+    async fn stop_children(&self, children: HashMap<ActorId, Arc<dyn CellHandle>>) {
+        if children.is_empty() {
+            return;
+        }
+        let mut waits = Vec::with_capacity(children.len());
+        for child in children.values() {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            child.add_watcher(
+                self.id,
+                Box::new(move |_| {
+                    let _ = tx.send(());
+                }),
+            );
+            child.send_system(SystemMessage::Stop);
+            waits.push(rx);
+        }
+        for rx in waits {
+            let _ = rx.await;
+        }
+    }
+
     /// The stop sequence: close the mailbox, cancel timers, stop and await children, run
     /// `stopped`, mark terminated, hand over undelivered messages, notify watchers.
     async fn finish(
@@ -588,25 +646,13 @@ impl<A: Actor> Cell<A> {
                 target.remove_watcher(self.id);
             }
         }
-        if !children.is_empty() {
-            let mut waits = Vec::with_capacity(children.len());
-            for child in children.values() {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                child.add_watcher(
-                    self.id,
-                    Box::new(move |_| {
-                        let _ = tx.send(());
-                    }),
-                );
-                child.send_system(SystemMessage::Stop);
-                waits.push(rx);
-            }
-            for rx in waits {
-                let _ = rx.await;
-            }
-        }
+        self.stop_children(children).await;
         if let Some(actor) = st.actor.as_mut() {
-            let res = AssertUnwindSafe(actor.stopped(ctx)).catch_unwind().await;
+            let made = call_guarded(|| actor.stopped(ctx));
+            let res = match made {
+                Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+                Err(panic) => Err(panic),
+            };
             if let Err(panic) = res {
                 tracing::error!(actor = %self.label(), panic = %panic_message(&*panic), "stopped hook panicked");
             }
@@ -616,6 +662,9 @@ impl<A: Actor> Cell<A> {
                     timer.abort();
                 }
             }
+            // So do children it spawned (already told to stop): awaited like the others.
+            let late = self.with_extras(|x| std::mem::take(&mut x.children));
+            self.stop_children(late).await;
         }
         drop(st);
 
@@ -799,7 +848,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                             let Some(actor) = st.actor.as_mut() else {
                                 continue;
                             };
-                            let res = cold(guarded(actor.terminated(&mut ctx, t))).await;
+                            let res = cold(guarded(|| actor.terminated(&mut ctx, t))).await;
                             if let Err(error) = res {
                                 // A `Stop` already in hand (later in this batch of system
                                 // messages) must not let the actor restart first.
@@ -850,7 +899,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                 debug_assert!(false, "no instance while running");
                 continue;
             };
-            if let Err(error) = guarded(actor.handle(msg, &mut ctx)).await {
+            if let Err(error) = guarded(|| actor.handle(msg, &mut ctx)).await {
                 let failed = cell.after_failure(&mut st, &mut ctx, error, false);
                 if let Some(reason) = cold(failed).await {
                     cold(cell.finish(st, &mut ctx, batch, reason)).await;
@@ -988,6 +1037,25 @@ mod tests {
             "run future: {turn} B for a handler future of {handler} B"
         );
         cell.send_system(SystemMessage::Stop);
+        system.shutdown().await;
+    }
+
+    /// A `terminated()` future dropped before the actor terminates (a `select!` that took
+    /// another branch, in a loop) withdraws its wait instead of leaving it in the cell.
+    #[tokio::test]
+    async fn dropped_termination_waits_are_withdrawn() {
+        let system = crate::ActorSystem::new("waits");
+        let cell = Cell::spawn(&system.shared, Parent::System, Props::from_instance(Nop));
+        let actor = crate::ActorRef::from_cell(cell.clone());
+        for _ in 0..100 {
+            let wait = actor.terminated();
+            assert!(wait.now_or_never().is_none(), "the actor still runs");
+        }
+        let waits = cell.with_extras(|x| x.watchers.len());
+        assert_eq!(waits, 0, "dropped waits left behind");
+        let kept = actor.terminated();
+        actor.stop();
+        assert_eq!(kept.await.reason, StopReason::Stopped);
         system.shutdown().await;
     }
 }

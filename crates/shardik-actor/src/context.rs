@@ -61,7 +61,7 @@ impl<A: Actor> Context<A> {
     /// stopped at once.
     pub fn spawn<C: Actor>(&mut self, props: Props<C>) -> ActorRef<C::Msg> {
         let parent: Arc<dyn CellHandle> = self.cell.clone();
-        let child = Cell::spawn(
+        let child = Cell::create(
             &self.cell.system,
             Parent::Actor(Arc::downgrade(&parent)),
             props,
@@ -69,6 +69,7 @@ impl<A: Actor> Context<A> {
         if !self.cell.add_child(child.clone()) {
             child.send_system(SystemMessage::Stop);
         }
+        child.launch();
         ActorRef::from_cell(child)
     }
 
@@ -140,16 +141,25 @@ impl<A: Actor> Context<A> {
 
     /// Sends `make()` to this actor every `interval`, first after one interval. Ticks are
     /// queued like any message: while the actor is busy they wait in its mailbox. If the
-    /// timer task itself falls behind, the next tick is delayed, not doubled.
+    /// timer task itself falls behind, the next tick is delayed, not doubled. An interval
+    /// too long to add to the clock (such as `Duration::MAX`) never ticks.
+    ///
+    /// # Panics
+    ///
+    /// If `interval` is zero, like [`tokio::time::interval`].
     pub fn schedule_periodic(
         &mut self,
         interval: Duration,
         make: impl Fn() -> A::Msg + Send + 'static,
     ) -> TimerId {
+        assert!(
+            !interval.is_zero(),
+            "schedule_periodic: the interval must be above zero"
+        );
         let weak = Arc::downgrade(&self.cell);
         self.start_timer(move |_| async move {
-            let mut ticks =
-                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            let first = crate::deadline::instant_after(tokio::time::Instant::now(), interval);
+            let mut ticks = tokio::time::interval_at(first, interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;

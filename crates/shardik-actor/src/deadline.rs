@@ -132,7 +132,18 @@ impl<F: Future> Future for Within<'_, F> {
 }
 
 fn arm(start: Instant, timeout: Duration) -> Timer {
-    Timer::Armed(Box::pin(tokio::time::sleep_until(start + timeout)))
+    Timer::Armed(Box::pin(tokio::time::sleep_until(instant_after(
+        start, timeout,
+    ))))
+}
+
+/// `start + d`, or about 30 years after `start` where that overflows (a timeout such as
+/// `Duration::MAX` meaning "wait forever"), as `tokio::time::sleep` does.
+pub(crate) fn instant_after(start: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    start
+        .checked_add(d.min(FAR))
+        .unwrap_or_else(|| start + Duration::from_secs(24 * 3600))
 }
 
 /// What a future in its grace period shares with the ticker.

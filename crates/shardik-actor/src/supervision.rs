@@ -1,6 +1,9 @@
 //! What happens when an actor fails.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The runtime's clock, on which the backoff sleeps too (paused time in tests counts).
+use tokio::time::Instant;
 
 /// What the runtime does when a handler or lifecycle hook returns an error or panics.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,7 +37,8 @@ pub struct RestartPolicy {
     pub within: Duration,
     /// The delay before the first restart of a series (zero: restart at once).
     pub min_backoff: Duration,
-    /// The cap of the exponentially growing delay.
+    /// The cap of the exponentially growing delay (one below `min_backoff` counts as
+    /// `min_backoff`).
     pub max_backoff: Duration,
 }
 
@@ -102,7 +106,7 @@ impl RestartWindow {
         }
         let exp = (count - 1).min(31);
         let backoff = policy.min_backoff.saturating_mul(1u32 << exp);
-        Some(backoff.min(policy.max_backoff))
+        Some(backoff.min(policy.max_backoff.max(policy.min_backoff)))
     }
 }
 
@@ -166,5 +170,19 @@ mod tests {
                 Duration::from_millis(350)
             ]
         );
+    }
+
+    /// A policy built by hand with only `min_backoff` set (`max_backoff` stays zero from
+    /// the default) backs off by `min_backoff`, instead of not at all.
+    #[test]
+    fn a_cap_below_the_minimum_backoff_counts_as_the_minimum() {
+        let policy = RestartPolicy {
+            min_backoff: Duration::from_millis(100),
+            ..RestartPolicy::default()
+        };
+        let mut w = RestartWindow::default();
+        let t0 = Instant::now();
+        let got: Vec<_> = (0..3).map(|_| w.on_failure(&policy, t0).unwrap()).collect();
+        assert_eq!(got, vec![Duration::from_millis(100); 3]);
     }
 }

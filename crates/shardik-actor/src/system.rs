@@ -211,13 +211,14 @@ impl ActorSystem {
 
     /// Spawns a top-level actor from [`Props`].
     pub fn spawn_props<A: Actor>(&self, props: Props<A>) -> ActorRef<A::Msg> {
-        let cell = Cell::spawn(&self.shared, Parent::System, props);
+        let cell = Cell::create(&self.shared, Parent::System, props);
         let handle: Arc<dyn CellHandle> = cell.clone();
         self.shared.shard(cell.id).lock().insert(cell.id, handle);
         if self.shared.shutting_down.load(Ordering::Acquire) {
             tracing::warn!(system = %self.shared.name, "actor spawned during shutdown; stopping it at once");
             cell.send_system(SystemMessage::Stop);
         }
+        cell.launch();
         ActorRef::from_cell(cell)
     }
 

@@ -95,6 +95,22 @@ async fn ask_without_reply_times_out_after_the_timeout() {
     system.shutdown().await;
 }
 
+/// `Duration::MAX` as a timeout ("wait as long as it takes") waits for a late answer; it
+/// used to panic once the answer took longer than the lazy timeout's grace period (the
+/// deadline overflowed the clock).
+#[tokio::test(start_paused = true)]
+async fn an_ask_with_the_longest_timeout_waits_for_a_late_answer() {
+    let system = ActorSystem::new("ask-forever");
+    let server = system.spawn(Server::default());
+    let (answer, flushed) = tokio::join!(server.ask(Msg::Hoard, Duration::MAX), async {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        server.ask(Msg::Flush, Duration::from_secs(5)).await
+    });
+    assert_eq!(flushed, Ok(0), "the asker still waited");
+    assert_eq!(answer, Ok(0));
+    system.shutdown().await;
+}
+
 #[tokio::test]
 async fn ask_to_a_stopped_actor_fails_with_stopped() {
     let system = ActorSystem::new("ask-stopped");

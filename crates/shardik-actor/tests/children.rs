@@ -62,9 +62,35 @@ impl Actor for Node {
     async fn stopped(&mut self, ctx: &mut Context<Self>) {
         self.events.lock().push(format!("stopped {}", self.label));
         if let Some(tx) = self.spawn_in_stopped.take() {
-            let late = ctx.spawn(Node::props("late", 0, &self.events));
+            let events = self.events.clone();
+            let late = ctx.spawn(Props::new(move || SlowStarter {
+                events: events.clone(),
+            }));
             let _ = tx.send(late);
         }
+    }
+}
+
+/// A child whose `started` hook takes a second.
+struct SlowStarter {
+    events: Log<String>,
+}
+
+impl Actor for SlowStarter {
+    type Msg = Msg;
+
+    async fn started(&mut self, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.events.lock().push("started late".into());
+        Ok(())
+    }
+
+    async fn handle(&mut self, _msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        Ok(())
+    }
+
+    async fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.events.lock().push("stopped late".into());
     }
 }
 
@@ -153,7 +179,7 @@ async fn a_child_that_stops_on_its_own_leaves_the_parent_running() {
     system.shutdown().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_child_spawned_while_the_parent_stops_is_stopped_at_once() {
     let system = ActorSystem::new("children-late");
     let events = log();
@@ -167,6 +193,15 @@ async fn a_child_spawned_while_the_parent_stops_is_stopped_at_once() {
     parent.stop();
     parent.terminated().await;
     let late = rx.await.unwrap();
+    assert!(
+        late.is_terminated(),
+        "a child spawned by the stopped hook terminates before its parent does"
+    );
+    let events = events.lock().clone();
+    assert!(
+        position(&events, "started late") < position(&events, "stopped late"),
+        "{events:?}"
+    );
     assert_eq!(late.terminated().await.reason, StopReason::Stopped);
     assert_eq!(system.live_actors(), 0);
     system.shutdown().await;

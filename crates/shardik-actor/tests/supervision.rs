@@ -548,3 +548,77 @@ async fn an_actor_from_an_instance_cannot_restart_and_stops() {
     }
     system.shutdown().await;
 }
+
+/// An actor whose `handle` and `started` are plain functions returning a future, with code
+/// that panics before the future is made.
+struct Eager {
+    panic_in_started: bool,
+    total: u64,
+}
+
+impl Actor for Eager {
+    type Msg = Msg;
+
+    #[allow(clippy::manual_async_fn)]
+    fn started(
+        &mut self,
+        _ctx: &mut Context<Self>,
+    ) -> impl std::future::Future<Output = Result<(), ActorError>> + Send {
+        assert!(!self.panic_in_started, "started panics before its future");
+        async { Ok(()) }
+    }
+
+    #[allow(clippy::manual_async_fn)]
+    fn handle(
+        &mut self,
+        msg: Msg,
+        _ctx: &mut Context<Self>,
+    ) -> impl std::future::Future<Output = Result<(), ActorError>> + Send {
+        match msg {
+            Msg::Panic => panic!("handle panics before its future"),
+            Msg::Add(n) => self.total += n,
+            Msg::Get(r) => r.reply(self.total),
+            Msg::Fail => {}
+        }
+        async { Ok(()) }
+    }
+}
+
+/// A panic while a handler or hook builds its future is a failure like any other: the
+/// supervisor restarts or stops the actor. It used to escape the turn and leave the actor
+/// scheduled for good: its messages never handled, `stop` ignored, shutdown hanging.
+#[tokio::test]
+async fn a_panic_before_the_handlers_future_is_a_failure() {
+    let system = ActorSystem::new("sup-eager");
+    let restarting = system.spawn_props(
+        Props::new(|| Eager {
+            panic_in_started: false,
+            total: 0,
+        })
+        .supervisor(restart(5)),
+    );
+    restarting.tell(Msg::Add(1));
+    restarting.tell(Msg::Panic);
+    restarting.tell(Msg::Add(2));
+    assert_eq!(get(&restarting).await, Ok(2), "restarted with fresh state");
+
+    let stopping = system.spawn(Eager {
+        panic_in_started: false,
+        total: 0,
+    });
+    stopping.tell(Msg::Panic);
+    match stopping.terminated().await.reason {
+        StopReason::Failed(why) => assert!(why.contains("before its future"), "{why}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+
+    let not_starting = system.spawn(Eager {
+        panic_in_started: true,
+        total: 0,
+    });
+    match not_starting.terminated().await.reason {
+        StopReason::Failed(why) => assert!(why.contains("started panics"), "{why}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    system.shutdown().await;
+}
