@@ -184,6 +184,71 @@ async fn postgres_two_nodes_one_schema_stale_writer_behind_deleted_events() {
     suite::a_stale_writer_behind_deleted_events_is_refused(first, second).await;
 }
 
+/// A stale writer appends at the position its lane remembers while another node's deletion
+/// of the rows after it is still in progress. The append's probe sees those rows (the
+/// deletion has not committed) and the batch goes again with positions read afresh: the
+/// append is refused as fenced. Before, the row was written at the first later row's
+/// position for the primary key to refuse, waited for the deletion, which removed that row,
+/// and went in: an acknowledged append below the other writer's snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_stale_writer_racing_a_deletion_in_progress_is_refused() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let stale = pg_store(&tagged(&url, &schema), schema.clone()).await;
+    let newer = pg_store(&url, schema.clone()).await;
+    assert_eq!(stale.append(suite::append("s", 0, 1, &[1])).await, Ok(1));
+    for seq in 1..4 {
+        assert_eq!(
+            newer.append(suite::append("s", seq, 2, &[seq + 1])).await,
+            Ok(seq + 1)
+        );
+    }
+    let (deleter, deleter_connection) = admin(&url).await;
+    let (admin, connection) = admin(&url).await;
+    deleter
+        .batch_execute(&format!(
+            "BEGIN; DELETE FROM {schema}.journal WHERE persistence_id = 's' AND seq_nr <= 3"
+        ))
+        .await
+        .expect("delete in an open transaction");
+    let append = tokio::spawn({
+        let stale = stale.clone();
+        async move { stale.append(suite::append("s", 1, 1, &[20])).await }
+    });
+    // The append is answered, or waits for the deletion's locks (as it did before).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !append.is_finished() && waiting_on_locks(&admin, &schema).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the append neither ended nor waited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    deleter
+        .batch_execute("COMMIT")
+        .await
+        .expect("commit the deletion");
+    assert_eq!(
+        append.await.unwrap(),
+        Err(shardik_persistence::StoreError::Fenced {
+            persistence_id: "s".into(),
+            writer: 1,
+            current: 2
+        })
+    );
+    assert_eq!(suite::amounts(&*newer, "s", 1).await, [(4, 4)]);
+    assert!(
+        stale.writer_stats().retries >= 1,
+        "{:?}",
+        stale.writer_stats()
+    );
+    drop((deleter, admin));
+    deleter_connection.await.unwrap().unwrap();
+    connection.await.unwrap().unwrap();
+}
+
 /// An empty append (it only checks the position) in one batch with a deletion of another
 /// stream's events: both succeed. The batch once wrote a deleted-marker row at the empty
 /// append's unchanged position, which the primary key refused, failing every write of it.

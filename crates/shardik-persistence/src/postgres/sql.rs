@@ -35,8 +35,9 @@ pub(super) fn valid_identifier(name: &str) -> bool {
 }
 
 /// The position a row `u` (`persistence_id`, `seq_nr`) is inserted at: its own, unless the
-/// stream already holds a later row, whose position it then takes so that the primary key
-/// refuses it.
+/// stream already holds a later row, and then none (NULL), which the journal refuses as a
+/// not-null violation of `seq_nr`: the batch fails as a race and is written again with every
+/// position read afresh (`writer::is_journal_race`).
 ///
 /// A lane writes appends that continue a position it committed itself without reading the
 /// stream first ([`Known`](super::known::Known)): if another writer had appended since, the
@@ -45,11 +46,16 @@ pub(super) fn valid_identifier(name: &str) -> bool {
 /// has moved on; the highest row always stays, so a later row is what proves it. The probe
 /// reads the index page the insert itself goes to. Rows of one statement do not see each
 /// other, so a batch's own consecutive events pass.
+///
+/// The probe fails the statement rather than inserting at the later row's position for the
+/// key to refuse: a deletion still in progress may be removing that row, and the insert,
+/// which waits for it, then goes in once it commits (an acknowledged append, hidden below the
+/// other writer's snapshot; before 2026-11-27, afternoon).
 fn ahead(s: &str) -> String {
     format!(
-        "COALESCE((SELECT j.seq_nr FROM {s}.journal AS j
-             WHERE j.persistence_id = u.persistence_id AND j.seq_nr > u.seq_nr
-             ORDER BY j.seq_nr LIMIT 1), u.seq_nr)"
+        "CASE WHEN EXISTS (SELECT 1 FROM {s}.journal AS j
+             WHERE j.persistence_id = u.persistence_id AND j.seq_nr > u.seq_nr)
+         THEN NULL ELSE u.seq_nr END"
     )
 }
 
@@ -133,8 +139,8 @@ impl Sql {
                      WHERE persistence_id = u.persistence_id ORDER BY seq_nr DESC LIMIT 1) AS j"
             ),
             // Every row is written at its position unless the stream already holds a later
-            // row: then it is written at that later row's position instead, which the
-            // primary key refuses, failing the batch as a race (see [`ahead`]).
+            // row: then the statement fails, and the batch with it, as a race (see
+            // [`ahead`]).
             insert_events: format!(
                 "INSERT INTO {s}.journal (persistence_id, seq_nr, writer, type_name, version, payload)
                  SELECT u.persistence_id, {ahead}, u.writer, u.type_name, u.version, u.payload

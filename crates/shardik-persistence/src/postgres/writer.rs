@@ -214,13 +214,21 @@ impl From<tokio_postgres::Error> for Failed {
     }
 }
 
-/// True if `error` is the journal's primary key refusing a second row at one position.
+/// True if `error` is the journal's primary key refusing a second row at one position, or
+/// an append's probe finding that its stream already holds a later row (a row without a
+/// position, which the journal refuses: see `sql::ahead`).
 fn is_journal_race(error: &tokio_postgres::Error) -> bool {
-    error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
-        && error
-            .as_db_error()
-            .and_then(|e| e.constraint())
-            .is_some_and(|c| c == "journal_pkey")
+    use tokio_postgres::error::SqlState;
+    let Some(db) = error.as_db_error() else {
+        return false;
+    };
+    match db.code() {
+        c if *c == SqlState::UNIQUE_VIOLATION => db.constraint() == Some("journal_pkey"),
+        c if *c == SqlState::NOT_NULL_VIOLATION => {
+            db.table() == Some("journal") && db.column() == Some("seq_nr")
+        }
+        _ => false,
+    }
 }
 
 type Rows = Vec<Row>;
