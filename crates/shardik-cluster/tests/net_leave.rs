@@ -40,6 +40,16 @@ async fn a_member_leaves_gracefully_and_stops() {
         Some(&Event::Stopped(StopReason::Left)),
         "{mine:?}"
     );
+    // After it the subscription is closed (a `while let Ok(e) = sub.recv().await` loop
+    // ends), and so is one taken now.
+    assert_eq!(
+        own.recv().await,
+        Err(tokio::sync::broadcast::error::RecvError::Closed)
+    );
+    assert_eq!(
+        nodes[2].cluster.subscribe().recv().await,
+        Err(tokio::sync::broadcast::error::RecvError::Closed)
+    );
     let ids = [nodes[0].id().clone(), nodes[1].id().clone()];
     for n in &nodes[..2] {
         wait(&n.cluster, "leaver removed", Duration::from_secs(10), |s| {

@@ -101,6 +101,10 @@ async fn services_are_found_followed_and_dropped_across_nodes() {
     assert_eq!(found.len(), 2);
     for r in found.refs() {
         assert!(!r.is_local());
+        // Paths name the registering process's incarnation, so a process restarted on the
+        // same address (numbering its registrations from 1 again) never answers for them.
+        let incarnation = format!("/system/receptionist/{}/", r.node().incarnation);
+        assert!(r.path().starts_with(&incarnation), "{}", r.path());
         let text = "hi".to_string();
         let reply = r
             .ask(

@@ -148,18 +148,32 @@ pub struct Subscription {
     /// The state at subscription time; apply the events that follow to keep it current.
     pub snapshot: ClusterState,
     rx: broadcast::Receiver<Event>,
+    /// [`Event::Stopped`] was received, or the node had stopped when this was taken.
+    stopped: bool,
 }
 
 impl Subscription {
     /// The next event; `Lagged(n)` if this subscriber fell more than 1 024 events behind
-    /// (take a new snapshot with [`Cluster::state`]), `Closed` after [`Event::Stopped`].
+    /// (take a new snapshot with [`Cluster::state`]), `Closed` after [`Event::Stopped`] (and
+    /// at once for a subscription taken after the node stopped), so a
+    /// `while let Ok(event) = sub.recv().await` loop ends with the node.
     pub async fn recv(&mut self) -> Result<Event, broadcast::error::RecvError> {
-        self.rx.recv().await
+        if self.stopped {
+            return Err(broadcast::error::RecvError::Closed);
+        }
+        let event = self.rx.recv().await;
+        self.stopped = matches!(event, Ok(Event::Stopped(_)));
+        event
     }
 
     /// The next event if one is waiting.
     pub fn try_recv(&mut self) -> Result<Event, broadcast::error::TryRecvError> {
-        self.rx.try_recv()
+        if self.stopped {
+            return Err(broadcast::error::TryRecvError::Closed);
+        }
+        let event = self.rx.try_recv();
+        self.stopped = matches!(event, Ok(Event::Stopped(_)));
+        event
     }
 }
 
@@ -354,8 +368,10 @@ impl Cluster {
     /// The current state and every event after it.
     pub fn subscribe(&self) -> Subscription {
         let _g = self.shared.publish.lock();
+        let snapshot = self.shared.state.borrow().clone();
         Subscription {
-            snapshot: self.shared.state.borrow().clone(),
+            stopped: snapshot.stopped.is_some(),
+            snapshot,
             rx: self.shared.events.subscribe(),
         }
     }

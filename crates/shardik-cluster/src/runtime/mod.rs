@@ -107,6 +107,7 @@ mod inbox;
 mod metrics;
 mod receptionist;
 mod singleton;
+mod singleton_view;
 mod wire;
 
 pub use broadcast::{BroadcastReplies, ClusterBroadcast};

@@ -30,7 +30,8 @@
 //! ## Model
 //! Every node runs one receptionist ([`Receptionist::get`] starts it on first use). Each node
 //! **owns its own entries**: the actors registered on it. It makes each of them reachable at a
-//! path of its own (`/system/receptionist/<n>`) and pushes the whole set of its entries, with
+//! path of its own (`/system/receptionist/<incarnation>/<n>`, so that a process restarted on
+//! the same address never answers for the entries of the one before) and pushes the whole set of its entries, with
 //! a version that grows on every change, to every other member on the remote **control
 //! lane** (`/system/receptionist`): at once after a change, after every membership change,
 //! and again every [`push_interval`](Receptionist::PUSH_INTERVAL) as anti-entropy (so a
@@ -369,7 +370,11 @@ impl Receptionist {
             let mut inner = self.shared.inner.lock();
             inner.next_id += 1;
             let id = inner.next_id;
-            let path = format!("{PATH}/{id}");
+            // The incarnation in the path: a process restarted on the same address numbers
+            // its registrations from 1 again, and refs to the old process's entries (listed
+            // until it is `Down`, or kept by a client) must not reach the new one's services.
+            let incarnation = self.shared.cluster.self_node().incarnation;
+            let path = format!("{PATH}/{incarnation}/{id}");
             remote.register(&path, actor.clone());
             inner.local.insert(
                 id,

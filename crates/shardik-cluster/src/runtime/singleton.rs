@@ -73,7 +73,7 @@
 //! reachable again or when the next host announces itself after it was downed. Delivery is
 //! at most once: a message sent to the old host just before it stopped or crashed is lost.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,6 +88,7 @@ use tokio::time::Instant;
 
 use super::cluster::{Cluster, ClusterState, Event};
 use super::inbox;
+use super::singleton_view::SingletonView;
 use crate::events::ClusterEvent;
 use crate::member::{Member, MemberStatus, UniqueAddress};
 
@@ -178,6 +179,12 @@ pub fn decide(
     }
 }
 
+/// How often a manager waiting for its instance to stop says that it still waits.
+const STOP_REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// The longest interval, timeout or margin a setting takes (longer ones are cut to it).
+const MAX_SETTING: Duration = Duration::from_secs(3600);
+
 /// Settings of a cluster singleton; every node must use the same.
 #[derive(Clone, Debug)]
 pub struct SingletonSettings {
@@ -217,16 +224,16 @@ impl SingletonSettings {
     }
 
     /// How often the host announces itself to every member (and a leaving node confirms its
-    /// hand-over).
+    /// hand-over); kept between 1 ms and 1 hour (zero would stop the manager).
     pub fn announce_interval(mut self, interval: Duration) -> Self {
-        self.announce_interval = interval;
+        self.announce_interval = interval.clamp(Duration::from_millis(1), MAX_SETTING);
         self
     }
 
     /// How long a member that was removed without being `Down` and without confirming its
-    /// hand-over still blocks the start of a new instance.
+    /// hand-over still blocks the start of a new instance (at most 1 hour).
     pub fn removal_timeout(mut self, timeout: Duration) -> Self {
-        self.removal_timeout = timeout;
+        self.removal_timeout = timeout.min(MAX_SETTING);
         self
     }
 
@@ -235,9 +242,9 @@ impl SingletonSettings {
     /// on the losing side of a partition stopped its instance when it was fenced, about
     /// `stable_after` before the winning side downed it; the margin adds to that against a
     /// skew between the two sides' detection and a slow stop (default 500 ms). Zero starts the
-    /// new instance as soon as the old host is `Down`.
+    /// new instance as soon as the old host is `Down` (at most 1 hour).
     pub fn down_margin(mut self, margin: Duration) -> Self {
-        self.down_margin = margin;
+        self.down_margin = margin.min(MAX_SETTING);
         self
     }
 
@@ -415,10 +422,11 @@ where
             shared: shared.clone(),
             factory: Box::new(factory),
             instance: None,
-            handed_over: BTreeSet::new(),
-            ghosts: BTreeMap::new(),
-            margin_started: BTreeSet::new(),
-            known: BTreeMap::new(),
+            view: SingletonView::new(
+                shared.settings.removal_timeout,
+                shared.settings.down_margin,
+                &[],
+            ),
         };
         tokio::spawn(manager.run(rx));
         ClusterSingleton { shared }
@@ -543,14 +551,7 @@ struct Manager<A: Actor> {
     shared: Arc<Shared<A::Msg>>,
     factory: Factory<A>,
     instance: Option<ActorRef<A::Msg>>,
-    /// Members that said they run no instance (until they announce one again).
-    handed_over: BTreeSet<UniqueAddress>,
-    /// Members removed without being `Down` or confirming, with the time they stop blocking.
-    ghosts: BTreeMap<UniqueAddress, (Member, Instant)>,
-    /// Members whose `down_margin` has started (once per member).
-    margin_started: BTreeSet<UniqueAddress>,
-    /// The last known view of each member, to remember the age of removed ones.
-    known: BTreeMap<UniqueAddress, Member>,
+    view: SingletonView,
 }
 
 impl<A> Manager<A>
@@ -563,9 +564,11 @@ where
         let mut events = cluster.subscribe();
         let mut tick = tokio::time::interval(self.shared.settings.announce_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        for m in &events.snapshot.members {
-            self.known.insert(m.node.clone(), m.clone());
-        }
+        self.view = SingletonView::new(
+            self.shared.settings.removal_timeout,
+            self.shared.settings.down_margin,
+            &events.snapshot.members,
+        );
         loop {
             let mut announce = false;
             tokio::select! {
@@ -597,62 +600,21 @@ where
     }
 
     fn on_event(&mut self, e: ClusterEvent) {
-        match e {
-            ClusterEvent::MemberRemoved { node, previous } => {
-                let m = self.known.remove(&node);
-                self.shared.clear_host_if(&node);
-                if previous != MemberStatus::Down && !self.handed_over.contains(&node) {
-                    // Removed without being Down and without confirming: it may still be
-                    // stopping an instance; block a while (unknown age counts as oldest).
-                    let m = m.unwrap_or_else(|| Member {
-                        node: node.clone(),
-                        status: MemberStatus::Exiting,
-                        roles: BTreeSet::new(),
-                        up_number: Some(0),
-                    });
-                    let m = Member {
-                        status: MemberStatus::Exiting,
-                        ..m
-                    };
-                    let until = Instant::now() + self.shared.settings.removal_timeout;
-                    self.ghosts.insert(node, (m, until));
-                }
-            }
+        match &e {
+            ClusterEvent::MemberRemoved { node, .. } => self.shared.clear_host_if(node),
             ClusterEvent::MemberJoined(m)
             | ClusterEvent::MemberWeaklyUp(m)
             | ClusterEvent::MemberUp(m)
             | ClusterEvent::MemberLeft(m)
             | ClusterEvent::MemberExited(m)
-            | ClusterEvent::MemberDowned(m) => {
-                if m.status == MemberStatus::Down {
-                    self.start_margin(&m);
-                }
-                if m.status != MemberStatus::Up {
-                    self.shared.clear_host_if(&m.node);
-                }
-                self.known.insert(m.node.clone(), m);
+            | ClusterEvent::MemberDowned(m)
+                if m.status != MemberStatus::Up =>
+            {
+                self.shared.clear_host_if(&m.node)
             }
             _ => {}
         }
-    }
-
-    /// `m` is `Down`: unless it confirmed that it runs no instance, it blocks the start of a
-    /// new one for `down_margin` from now (it may still run one on the losing side of a
-    /// partition until it is fenced). Started once per member, from the event or from a
-    /// state that shows the `Down` before its event was handled, whichever comes first.
-    fn start_margin(&mut self, m: &Member) {
-        if self.handed_over.contains(&m.node)
-            || self.shared.settings.down_margin.is_zero()
-            || !self.margin_started.insert(m.node.clone())
-        {
-            return;
-        }
-        let ghost = Member {
-            status: MemberStatus::Exiting,
-            ..m.clone()
-        };
-        let until = Instant::now() + self.shared.settings.down_margin;
-        self.ghosts.entry(m.node.clone()).or_insert((ghost, until));
+        self.view.on_event(&e, Instant::now());
     }
 
     fn on_wire(&mut self, msg: WireMsg) {
@@ -662,7 +624,7 @@ where
                 if node == state.self_node {
                     return;
                 }
-                self.handed_over.remove(&node);
+                self.view.on_hosting(&node);
                 let up = state
                     .member(&node)
                     .is_some_and(|m| m.status == MemberStatus::Up);
@@ -684,44 +646,19 @@ where
             }
             WireMsg::HandedOver(node) => {
                 self.shared.clear_host_if(&node);
-                self.ghosts.remove(&node);
-                self.handed_over.insert(node);
+                self.view.on_handed_over(node);
             }
         }
     }
 
     async fn step(&mut self, state: &ClusterState, announce: bool) {
         self.shared.flush(state);
-        // The state may already show a `Down` whose event is still queued: its margin starts
-        // now, before the decision below could start an instance without it.
-        for m in &state.members {
-            if m.status == MemberStatus::Down {
-                self.start_margin(m);
-            }
-        }
-        let now = Instant::now();
-        self.ghosts.retain(|_, (_, until)| *until > now);
-        for m in &state.members {
-            self.known.insert(m.node.clone(), m.clone());
-        }
-        // A ghost (downed within the margin, or removed without confirming) stands in for
-        // the member with status `Exiting`, which blocks like a member that is leaving.
-        let mut members: Vec<Member> = state
-            .members
-            .iter()
-            .map(|m| match self.ghosts.get(&m.node) {
-                Some((ghost, _)) if m.node != state.self_node => ghost.clone(),
-                _ => m.clone(),
-            })
-            .collect();
-        members.extend(
-            self.ghosts
-                .values()
-                .filter(|(m, _)| state.member(&m.node).is_none())
-                .map(|(m, _)| m.clone()),
-        );
+        let shared = &self.shared;
+        let members = self
+            .view
+            .members(state, Instant::now(), |gone| shared.clear_host_if(gone));
         let role = self.shared.settings.role.as_deref();
-        let decision = decide(&members, &state.self_node, role, &self.handed_over);
+        let decision = decide(&members, &state.self_node, role, self.view.handed_over());
         if state.fenced {
             // On this view the resolver would down this node: the other side may start an
             // instance once it has decided, so stop ours now. No `HandedOver`: this node is
@@ -770,7 +707,21 @@ where
 
     fn start_instance(&mut self, state: &ClusterState) {
         let system = self.shared.cluster.remote().system().clone();
-        let actor = system.spawn_props((self.factory)());
+        // A panicking factory must not end the manager: this node would stay the oldest
+        // member and no other would ever host. It is tried again on the next step.
+        let props = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&self.factory)) {
+            Ok(props) => props,
+            Err(panic) => {
+                let panic = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(non-string panic payload)".into());
+                tracing::error!(singleton = self.shared.settings.name, %panic, "the singleton's props factory panicked; no instance started");
+                return;
+            }
+        };
+        let actor = system.spawn_props(props);
         self.shared
             .cluster
             .remote()
@@ -816,7 +767,20 @@ where
         } else {
             actor.stop();
         }
-        actor.terminated().await;
+        // A handler cannot be preempted: one that never returns keeps the instance (and this
+        // manager) here. Not silently: the other members stop waiting `removal_timeout` after
+        // this node is removed, and two instances then overlap.
+        let since = Instant::now();
+        while tokio::time::timeout(STOP_REPORT_EVERY, actor.terminated())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                singleton = self.shared.settings.name,
+                waited = ?since.elapsed(),
+                "singleton instance does not stop: its current message is still being handled"
+            );
+        }
         tracing::info!(singleton = self.shared.settings.name, node = %self_node.node_id, "singleton instance stopped");
         self.shared.hosting_tx.send_replace(false);
     }
@@ -853,6 +817,21 @@ mod tests {
 
     fn none() -> BTreeSet<UniqueAddress> {
         BTreeSet::new()
+    }
+
+    /// Settings that would stop the manager (a zero interval panics tokio's `interval`) or
+    /// overflow the clock are cut to a range.
+    #[test]
+    fn settings_are_kept_in_range() {
+        let s = SingletonSettings::new("x")
+            .announce_interval(Duration::ZERO)
+            .removal_timeout(Duration::MAX)
+            .down_margin(Duration::MAX);
+        assert_eq!(s.announce_interval, Duration::from_millis(1));
+        assert_eq!(s.removal_timeout, MAX_SETTING);
+        assert_eq!(s.down_margin, MAX_SETTING);
+        let s = SingletonSettings::new("x").announce_interval(Duration::MAX);
+        assert_eq!(s.announce_interval, MAX_SETTING);
     }
 
     #[test]
