@@ -48,8 +48,9 @@ pub trait Versioned: Serialize + DeserializeOwned + Send + 'static {
     /// Turns the value tree of a record written as version `from_version` (older than
     /// [`VERSION`](Versioned::VERSION)) into the shape of the current version. The tree is
     /// the stored value as JSON-like data (structs are maps by field name, enums are
-    /// externally tagged). The default returns it unchanged, which is enough when new fields
-    /// carry `#[serde(default)]`.
+    /// externally tagged; binary values, such as a `Uuid` or `serde_bytes` field, are arrays
+    /// of byte numbers, and map keys that are numbers are their text, `"7"`). The default
+    /// returns it unchanged, which is enough when new fields carry `#[serde(default)]`.
     fn upcast(from_version: u32, value: serde_json::Value) -> Result<serde_json::Value, String> {
         let _ = from_version;
         Ok(value)
@@ -130,10 +131,9 @@ impl Payload {
         if self.version == T::VERSION {
             return rmp_serde::from_slice(&self.bytes).map_err(|e| fail(e.to_string()));
         }
-        let tree: serde_json::Value =
-            rmp_serde::from_slice(&self.bytes).map_err(|e| fail(e.to_string()))?;
+        let tree = crate::value_tree::to_tree(&self.bytes).map_err(fail)?;
         let tree = T::upcast(self.version, tree).map_err(fail)?;
-        serde_json::from_value(tree).map_err(|e| fail(e.to_string()))
+        crate::value_tree::from_tree(tree).map_err(fail)
     }
 }
 
@@ -202,6 +202,92 @@ mod tests {
         assert_eq!(
             old(&V1::Renamed("a".into())).decode::<Ev>().unwrap(),
             Ev::Renamed("a".into())
+        );
+    }
+
+    /// Bytes that serialize as a binary value, as `serde_bytes` and `Uuid` do in compact
+    /// formats, and read back from a binary value or a sequence of byte numbers.
+    #[derive(Debug, PartialEq)]
+    struct Blob(Vec<u8>);
+
+    impl Serialize for Blob {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(&self.0)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Blob {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Blob, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Blob;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("bytes")
+                }
+                fn visit_bytes<E>(self, v: &[u8]) -> Result<Blob, E> {
+                    Ok(Blob(v.to_vec()))
+                }
+                fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                    self,
+                    mut a: A,
+                ) -> Result<Blob, A::Error> {
+                    let mut v = Vec::new();
+                    while let Some(b) = a.next_element()? {
+                        v.push(b);
+                    }
+                    Ok(Blob(v))
+                }
+            }
+            d.deserialize_bytes(V)
+        }
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Holding {
+        id: Blob,
+        by_day: std::collections::BTreeMap<u64, String>,
+        #[serde(default)]
+        label: String,
+    }
+
+    impl Versioned for Holding {
+        const TYPE_NAME: &'static str = "test.Holding";
+        const VERSION: u32 = 2;
+    }
+
+    /// A record holding a binary value and a map with integer keys is upcast (here with the
+    /// default, unchanged tree): `serde_json`'s visitor refused both, so bumping the version
+    /// of such a type made every older record unreadable.
+    #[test]
+    fn upcasts_records_with_binary_values_and_integer_keys() {
+        #[derive(Serialize)]
+        struct V1 {
+            id: Blob,
+            by_day: std::collections::BTreeMap<u64, String>,
+        }
+        let by_day = std::collections::BTreeMap::from([(1, "a".to_string()), (20, "b".into())]);
+        let old = Payload::encode_as(
+            "test.Holding",
+            1,
+            &V1 {
+                id: Blob(vec![0, 1, 255]),
+                by_day: by_day.clone(),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            old.decode::<Holding>().unwrap(),
+            Holding {
+                id: Blob(vec![0, 1, 255]),
+                by_day,
+                label: String::new(),
+            }
+        );
+        // The tree the upcast sees: bytes as numbers, keys as their text.
+        let tree = crate::value_tree::to_tree(&old.bytes).unwrap();
+        assert_eq!(
+            tree,
+            serde_json::json!({"id": [0, 1, 255], "by_day": {"1": "a", "20": "b"}})
         );
     }
 

@@ -260,9 +260,14 @@ impl<B: EventSourced> EventSourcedEntity<B> {
         let before = self.seq_nr;
         metrics::counter!("shardik_persistence_events_persisted_total")
             .increment(events.len() as u64);
+        // An `apply` that panics halfway leaves a state that is neither before nor after the
+        // events: under `Resume` the next command then recovers first, instead of deciding
+        // (and answering queries) on it.
+        self.recovered = false;
         for event in &events {
             B::apply(&mut self.state, event);
         }
+        self.recovered = true;
         self.seq_nr = highest;
         if self.snapshot_due(before) {
             Box::pin(self.snapshot()).await;

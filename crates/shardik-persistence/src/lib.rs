@@ -115,6 +115,7 @@ mod settings;
 mod spawn;
 mod sqlite;
 mod store;
+mod value_tree;
 
 pub use batch::WriterStats;
 pub use codec::{Payload, Versioned};

@@ -162,3 +162,55 @@ async fn a_resumed_entity_recovers_before_its_next_command() {
     assert_eq!(store.highest_seq_nr("acc").await, Ok(3));
     system.shutdown().await;
 }
+
+/// Two deposits persisted by one command, and an `apply` that panics on the first 13 it
+/// applies (once: the replay after it applies it).
+struct Flaky;
+
+static PANIC_ON_13: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+impl shardik_persistence::EventSourced for Flaky {
+    type Command = (u64, u64, shardik_actor::ReplyTo<u64>);
+    type Event = common::AccountEvent;
+    type State = common::Account;
+
+    fn handle_command(
+        &self,
+        _state: &common::Account,
+        (a, b, reply): Self::Command,
+    ) -> shardik_persistence::Effect<common::AccountEvent, common::Account> {
+        let deposit = |amount| common::AccountEvent::Deposited { amount };
+        shardik_persistence::Effect::persist_all([deposit(a), deposit(b)])
+            .then_reply(reply, |s: &common::Account| s.balance)
+    }
+
+    fn apply(state: &mut common::Account, event: &common::AccountEvent) {
+        if let common::AccountEvent::Deposited { amount } = event {
+            if *amount == 13 && PANIC_ON_13.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                panic!("apply panics on 13");
+            }
+            state.balance += amount;
+        }
+    }
+}
+
+/// Under `Resume`, an `apply` that panics after the append (on the second of two events)
+/// leaves the state half applied: the next command recovers first instead of deciding on
+/// it. Before, it decided on the half-applied state (a query answered from it) and, its
+/// position left behind too, its append conflicted: not answered either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_entity_whose_apply_panicked_recovers_before_its_next_command() {
+    let store = faulty();
+    let system = ActorSystem::new("failure");
+    let props = persistence(store.clone())
+        .event_sourced_props("flaky", PersistSettings::default(), || Flaky)
+        .supervisor(shardik_actor::SupervisorStrategy::Resume);
+    let entity = system.spawn_props(props);
+    assert_eq!(
+        entity.ask(|r| (1, 13, r), T).await,
+        Err(AskError::NoReply),
+        "the command whose apply panicked is not answered"
+    );
+    assert_eq!(entity.ask(|r| (2, 0, r), T).await, Ok(16));
+    system.shutdown().await;
+}
