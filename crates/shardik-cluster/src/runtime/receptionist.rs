@@ -281,6 +281,8 @@ struct LocalEntry {
     actor_id: ActorId,
     /// The `ActorRef<M>` of the entry's type.
     actor: Box<dyn Any + Send + Sync>,
+    /// The task that removes the entry when the actor stops; ended with the entry.
+    watcher: tokio::task::AbortHandle,
 }
 
 #[derive(Default)]
@@ -366,7 +368,7 @@ impl Receptionist {
         M: Serialize + DeserializeOwned + Send + 'static,
     {
         let remote = self.shared.cluster.remote();
-        let (id, path) = {
+        let (_id, path) = {
             let mut inner = self.shared.inner.lock();
             inner.next_id += 1;
             let id = inner.next_id;
@@ -376,6 +378,15 @@ impl Receptionist {
             let incarnation = self.shared.cluster.self_node().incarnation;
             let path = format!("{PATH}/{incarnation}/{id}");
             remote.register(&path, actor.clone());
+            let weak = Arc::downgrade(&self.shared);
+            let watched = actor.clone();
+            let watcher = tokio::spawn(async move {
+                watched.terminated().await;
+                if let Some(shared) = weak.upgrade() {
+                    remove_local(&shared, |eid, _| eid == id);
+                }
+            })
+            .abort_handle();
             inner.local.insert(
                 id,
                 LocalEntry {
@@ -385,7 +396,8 @@ impl Receptionist {
                         path: path.clone(),
                     },
                     actor_id: actor.id(),
-                    actor: Box::new(actor.clone()),
+                    actor: Box::new(actor),
+                    watcher,
                 },
             );
             inner.version += 1;
@@ -394,13 +406,6 @@ impl Receptionist {
         tracing::debug!(key = key.name(), path, "service registered");
         self.shared.bump();
         self.shared.push.notify_one();
-        let weak = Arc::downgrade(&self.shared);
-        tokio::spawn(async move {
-            actor.terminated().await;
-            if let Some(shared) = weak.upgrade() {
-                remove_local(&shared, |eid, _| eid == id);
-            }
-        });
     }
 
     /// Removes every registration of `actor` under `key`. Returns `true` if there was one.
@@ -523,7 +528,12 @@ fn remove_local(shared: &Shared, pred: impl Fn(u64, &LocalEntry) -> bool) -> boo
         let removed: Vec<String> = ids
             .iter()
             .filter_map(|id| inner.local.remove(id))
-            .map(|e| e.wire.path)
+            .map(|e| {
+                // A deregistered entry's watcher would otherwise hold the actor's ref (and a
+                // task) until the actor stops: register/deregister cycles piled them up.
+                e.watcher.abort();
+                e.wire.path
+            })
             .collect();
         if !removed.is_empty() {
             inner.version += 1;

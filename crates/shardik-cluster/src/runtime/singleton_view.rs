@@ -27,6 +27,10 @@ pub(super) struct SingletonView {
     /// Members whose removal was handled (from a state or from its event), until
     /// `removal_timeout` after: the other of the two then changes nothing.
     removed: BTreeMap<UniqueAddress, Instant>,
+    /// Members some state held. Only their absence from a later state is a removal: a state
+    /// can also lag the events (they are published first), and a member known from its
+    /// `MemberUp` alone is not gone from a state that does not hold it yet.
+    in_state: BTreeSet<UniqueAddress>,
 }
 
 impl SingletonView {
@@ -46,6 +50,7 @@ impl SingletonView {
                 .map(|m| (m.node.clone(), m.clone()))
                 .collect(),
             removed: BTreeMap::new(),
+            in_state: members.iter().map(|m| m.node.clone()).collect(),
         }
     }
 
@@ -109,7 +114,7 @@ impl SingletonView {
         let gone: Vec<(UniqueAddress, MemberStatus)> = self
             .known
             .values()
-            .filter(|m| state.member(&m.node).is_none())
+            .filter(|m| self.in_state.contains(&m.node) && state.member(&m.node).is_none())
             .map(|m| (m.node.clone(), m.status))
             .collect();
         for (node, previous) in gone {
@@ -120,6 +125,7 @@ impl SingletonView {
         self.removed.retain(|_, until| *until > now);
         for m in &state.members {
             self.known.insert(m.node.clone(), m.clone());
+            self.in_state.insert(m.node.clone());
         }
         // What is kept per member goes with it (a late event of a removed member errs on the
         // side of waiting: a margin started again).
@@ -152,6 +158,7 @@ impl SingletonView {
     /// blocks a while (unknown age counts as oldest).
     fn removed(&mut self, node: UniqueAddress, previous: MemberStatus, now: Instant) {
         let m = self.known.remove(&node);
+        self.in_state.remove(&node);
         if self
             .removed
             .insert(node.clone(), now + self.removal_timeout)
@@ -270,6 +277,42 @@ mod tests {
             decide(&members, &next.node, None, view.handed_over()),
             SingletonDecision::Host
         );
+    }
+
+    /// A state can lag the events (they are published first): a member known from its
+    /// `MemberUp` alone is not taken for removed from a state that does not hold it yet,
+    /// which gave it a removal record, so that its real removal within `removal_timeout`
+    /// made no ghost of its own and stopped blocking early.
+    #[test]
+    fn a_member_known_from_an_event_is_not_removed_by_an_older_state() {
+        let now = Instant::now();
+        let me = member(2, MemberStatus::Up, 2);
+        let host = member(1, MemberStatus::Up, 1);
+        let mut view = SingletonView::new(REMOVAL, MARGIN, std::slice::from_ref(&me));
+        view.on_event(&ClusterEvent::MemberUp(host.clone()), now);
+        let older = state(&me, std::slice::from_ref(&me));
+        let mut cleared = Vec::new();
+        view.members(&older, now, |n| cleared.push(n.clone()));
+        assert!(cleared.is_empty(), "taken for removed: {cleared:?}");
+        // The host leaves 4 s later and is removed without confirming: it blocks for the
+        // whole `removal_timeout` from its removal.
+        let t = now + Duration::from_secs(4);
+        let exiting = Member {
+            status: MemberStatus::Exiting,
+            ..host.clone()
+        };
+        view.members(&state(&me, &[exiting, me.clone()]), t, |_| {});
+        let after = state(&me, std::slice::from_ref(&me));
+        let members = view.members(&after, t, |_| {});
+        assert_eq!(
+            decide(&members, &me.node, None, view.handed_over()),
+            SingletonDecision::WaitFor(vec![host.node.clone()])
+        );
+        let members = view.members(&after, t + REMOVAL - Duration::from_millis(1), |_| {});
+        assert!(matches!(
+            decide(&members, &me.node, None, view.handed_over()),
+            SingletonDecision::WaitFor(_)
+        ));
     }
 
     /// A host that confirmed the hand-over and is then removed blocks nothing, whether the

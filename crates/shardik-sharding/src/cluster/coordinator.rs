@@ -122,6 +122,9 @@ struct Recovery {
     epoch: Epoch,
     /// The states of the replicas that granted the promise.
     results: HashMap<UniqueAddress, Option<CoordinatorState>>,
+    /// Recovering from the majority's state failed (a shard count mismatch): not tried
+    /// again in this attempt (the next starts after `replication_timeout`).
+    failed: bool,
 }
 
 pub(crate) struct CoordinatorDriver {
@@ -370,6 +373,7 @@ impl CoordinatorDriver {
             started: Instant::now(),
             epoch,
             results: HashMap::new(),
+            failed: false,
         });
         let timeout = self.ctx.settings.replication_timeout;
         for node in self.ctx.quorum(state) {
@@ -443,7 +447,9 @@ impl CoordinatorDriver {
     }
 
     fn try_finish_recovery(&mut self) {
-        let Some(r) = &self.recovery else { return };
+        let Some(r) = self.recovery.as_ref().filter(|r| !r.failed) else {
+            return;
+        };
         let state = self.ctx.cluster.state();
         let members = self.ctx.quorum(&state);
         let answered = r.results.keys().filter(|n| members.contains(n)).count();
@@ -490,6 +496,9 @@ impl CoordinatorDriver {
             Err(e) => {
                 // Retried after the replication timeout; a shard count mismatch stays.
                 tracing::error!(entity_type = %self.ctx.type_name, "coordinator cannot start: {e}");
+                if let Some(r) = &mut self.recovery {
+                    r.failed = true;
+                }
             }
         }
     }
