@@ -84,7 +84,7 @@ impl DeadLetters {
                 total = n,
                 "dead letter"
             );
-        } else if n % LOG_EVERY == 0 {
+        } else if n.is_multiple_of(LOG_EVERY) {
             tracing::warn!(
                 system,
                 total = n,

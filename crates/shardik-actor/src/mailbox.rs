@@ -30,7 +30,8 @@ pub enum MailboxConfig {
 }
 
 impl MailboxConfig {
-    /// A bounded mailbox that rejects the newest message when full.
+    /// A bounded mailbox that rejects the newest message when full. A capacity of 0 counts
+    /// as 1 (it would refuse everything).
     pub fn bounded(capacity: usize) -> Self {
         MailboxConfig::Bounded {
             capacity: capacity.max(1),

@@ -33,7 +33,7 @@ pub enum FrameError {
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
     /// The peer refused us.
-    #[error("refused by the peer: {} ({detail})", reason.as_str())]
+    #[error("the peer refused our handshake: {} ({detail})", reason.as_str())]
     RefusedByPeer {
         /// The peer's reason.
         reason: RejectReason,
@@ -41,7 +41,7 @@ pub enum HandshakeError {
         detail: String,
     },
     /// We refused the peer.
-    #[error("peer refused: {} ({detail})", reason.as_str())]
+    #[error("we refused the peer's handshake: {} ({detail})", reason.as_str())]
     Refused {
         /// Our reason.
         reason: RejectReason,
@@ -49,7 +49,7 @@ pub enum HandshakeError {
         detail: String,
     },
     /// The peer did not complete the handshake in time.
-    #[error("handshake timed out")]
+    #[error("the handshake did not complete within RemoteConfig::handshake_timeout")]
     Timeout,
     /// The connection failed or sent bad frames during the handshake.
     #[error("handshake failed: {0}")]

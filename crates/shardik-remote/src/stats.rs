@@ -103,7 +103,7 @@ impl Counters {
 
 /// Log the first 10 occurrences, then every 1000th, so a flood cannot drown the log.
 pub(crate) fn should_log(n: u64) -> bool {
-    n <= 10 || n % 1000 == 0
+    n <= 10 || n.is_multiple_of(1000)
 }
 
 /// Something that happened to a node's connections. Subscribe with

@@ -170,7 +170,7 @@ impl<A: Actor> EntityType<A> {
         self
     }
 
-    /// Messages an entity handles per scheduling turn (default 64).
+    /// Messages an entity handles per scheduling turn (default 64; at least 1).
     pub fn throughput(mut self, messages: usize) -> Self {
         self.settings = self.settings.throughput(messages);
         self
@@ -190,6 +190,12 @@ impl<A: Actor> EntityType<A> {
             Some("max_live_entities must be at least 1".to_string())
         } else if self.idle_timeout == Some(Duration::ZERO) {
             Some("idle_timeout must be longer than zero".to_string())
+        } else if self
+            .idle_timeout
+            .is_some_and(|d| d > crate::cluster::ClusterShardingSettings::MAX_DURATION)
+        {
+            // Counted in milliseconds: a longer one would wrap to a short timeout.
+            Some("idle_timeout must be at most a year (use none for no timeout)".to_string())
         } else if self.buffer_limit == 0 {
             Some("buffer_limit must be at least 1".to_string())
         } else {

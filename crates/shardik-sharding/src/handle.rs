@@ -109,6 +109,9 @@ impl<M: Send + 'static> Region<M> {
     fn tell_shard(&self, shard: ShardId, id: &str, msg: M) {
         if let Err(e) = self.core.deliver(shard, id, msg) {
             let reason = match e {
+                TellError::Stopped(_) if self.core.refusal().is_some() => {
+                    "region refused by the coordinator"
+                }
                 TellError::Stopped(_) => "entity refused the message (system shutting down)",
                 TellError::MailboxFull(_) => "entity buffer or mailbox full",
             };
@@ -154,7 +157,12 @@ impl<M: Send + 'static> Region<M> {
         timeout: Duration,
     ) -> Result<R, AskError> {
         self.core.deliver(shard, id, msg).map_err(|e| match e {
-            TellError::Stopped(_) => AskError::Stopped,
+            // A region the coordinator refused says why (a shard count that differs from the
+            // other nodes', say) instead of "the recipient actor has stopped".
+            TellError::Stopped(_) => self
+                .core
+                .refusal()
+                .map_or(AskError::Stopped, AskError::Undeliverable),
             TellError::MailboxFull(_) => AskError::MailboxFull,
         })?;
         let answer = if self.core.in_process() {

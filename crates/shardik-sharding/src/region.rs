@@ -40,6 +40,11 @@ pub(crate) trait RegionCore<M>: Send + Sync + 'static {
     fn in_process(&self) -> bool {
         false
     }
+    /// Why this region refuses every message, if it does (a cluster region the coordinator
+    /// refused: its node started the type with another shard count, or was downed).
+    fn refusal(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Called once every entity of a shard has stopped ([`ShardHost::stop_shard`]).
@@ -628,7 +633,11 @@ impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
 
     fn passivate(&self, id: &str) -> bool {
         let shard = self.shard_fn.shard(id, self.shard_count);
-        let done = self.shards[shard as usize].lock().passivate(id);
+        // The LRU entry goes under the shard lock, as everywhere: released first, the entity
+        // could stop and a buffered message respawn it (entering it in the LRU) before the
+        // pop, which then took the live incarnation out of the cap for good.
+        let mut guard = self.shards[shard as usize].lock();
+        let done = guard.passivate(id);
         if done {
             if let Some(lru) = &self.lru {
                 lru.lock().pop(id);

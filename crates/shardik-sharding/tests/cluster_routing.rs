@@ -85,8 +85,8 @@ async fn tell_and_ask_from_every_node_reach_the_one_incarnation() {
 
 /// A node that starts the type with another shard count is refused by the coordinator:
 /// `wait_registered` (and `refusal`) name both shard counts in a typed error, and its region
-/// refuses every message from then on (`TellError::Stopped`), instead of homing entities
-/// twice.
+/// refuses every message from then on (`TellError::Stopped`; an ask fails as
+/// `Undeliverable` with the refusal's text), instead of homing entities twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_count_mismatch_is_refused() {
     use shardik_sharding::ShardingError;
@@ -124,6 +124,17 @@ async fn shard_count_mismatch_is_refused() {
         )
     })
     .await;
+    // An ask through it says why (it said "the recipient actor has stopped").
+    match nodes[1]
+        .region
+        .ask("x", Msg::Get, std::time::Duration::from_secs(5))
+        .await
+    {
+        Err(shardik_actor::AskError::Undeliverable(why)) => {
+            assert!(why.contains("shard count mismatch"), "{why}")
+        }
+        other => panic!("expected Undeliverable, got {other:?}"),
+    }
     // n0 still works, and hosts everything.
     assert_eq!(where_is(&nodes[0], "x").await, "n0");
     let snap = nodes[0].sharding.coordinator(TYPE).unwrap();
@@ -227,4 +238,37 @@ async fn type_started_before_the_node_joined() {
     };
     reg.assert_single_writer();
     stop_all(&[n0, n1]).await;
+}
+
+/// Settings that would stop the type's tasks after it started (a zero `tick` panicked
+/// tokio's interval inside them: the region never routed and no error said why) are refused
+/// by `start_with` and `start_proxy_with`, with the setting named; the name stays free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_cluster_settings_are_refused_at_start() {
+    use shardik_sharding::{EntityType, ShardingError};
+    let (system, cluster, sharding) = start_member("n0", None, &[]).await;
+    let reg = Arc::new(Registry::default());
+    let bad = shardik_sharding::cluster::ClusterShardingSettings {
+        tick: std::time::Duration::ZERO,
+        ..settings()
+    };
+    let r = reg.clone();
+    let entity = EntityType::new(TYPE, move |eid: &str| Probe::new(eid, "n0", &r)).shards(12);
+    match sharding.start_with(entity, bad.clone()) {
+        Err(ShardingError::InvalidSettings { name, problem }) => {
+            assert_eq!(name, TYPE);
+            assert!(problem.contains("tick"), "{problem}");
+        }
+        other => panic!("expected InvalidSettings, got {:?}", other.map(|_| ())),
+    }
+    assert!(matches!(
+        sharding.start_proxy_with::<Msg>(TYPE, 12, bad),
+        Err(ShardingError::InvalidSettings { .. })
+    ));
+    let region = start_probe(&sharding, "n0", 12, &reg, settings());
+    let got = region.entity_ref("a").ask(Msg::Get, ASK).await.unwrap();
+    assert!(got.is_empty());
+    drop(region);
+    cluster.shutdown().await;
+    system.shutdown().await;
 }

@@ -52,6 +52,11 @@ async fn out_of_range_settings_are_refused_with_a_reason() {
             "idle_timeout",
         ),
         (probe.entity_type("s").buffer_limit(0), "s", "buffer_limit"),
+        (
+            probe.entity_type("s").idle_timeout(Duration::MAX),
+            "s",
+            "idle_timeout",
+        ),
     ];
     for (entity, name, needle) in cases {
         let error = sharding.start(entity).unwrap_err();

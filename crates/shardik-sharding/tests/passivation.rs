@@ -44,7 +44,7 @@ async fn cycle_under_load(name: &str, mailbox: Option<usize>) {
                 tell_retry(&region, id, item(sender, seq)).await;
                 sent.entry(id.clone()).or_default().push(seq);
                 seq += 1;
-                if seq % 16 == 0 {
+                if seq.is_multiple_of(16) {
                     tokio::task::yield_now().await;
                 }
             }

@@ -393,7 +393,7 @@ impl Driver {
                     .fetch_add(1, Ordering::Relaxed);
                 self.send_failures += 1;
                 let n = self.send_failures;
-                if n <= 10 || n % 1000 == 0 {
+                if n <= 10 || n.is_multiple_of(1000) {
                     tracing::warn!(node = %self.me, to = addr, total = n, "cluster message not sent: {e}");
                 }
             }

@@ -278,7 +278,7 @@ impl Sim {
         let addrs: Vec<String> = self.nodes.keys().cloned().collect();
         for a in addrs {
             self.input(&a, Input::Tick(self.now));
-            if self.now % HEARTBEAT == 0 {
+            if self.now.is_multiple_of(HEARTBEAT) {
                 self.input(&a, Input::HeartbeatTick(self.now));
             }
         }

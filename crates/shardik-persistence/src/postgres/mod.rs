@@ -44,13 +44,14 @@ pub struct PostgresOptions {
     pub schema: String,
     /// Connections for reads (default 8). The writer lanes have connections of their own,
     /// one per lane, so writes never wait for a connection behind reads (such as many
-    /// entities recovering at once); a store opens at most `pool_size + writers`.
+    /// entities recovering at once); a store opens at most `pool_size + writers` (0 counts
+    /// as 1).
     pub pool_size: usize,
-    /// Most writes grouped into one transaction (default 1024).
+    /// Most writes grouped into one transaction (default 1024; 0 counts as 1).
     pub max_batch: usize,
     /// Writer lanes (default 2): each writes its own batches on its own connection, so
     /// PostgreSQL works on several batches at once. A persistence id always goes through
-    /// the same lane, so its writes keep their order.
+    /// the same lane, so its writes keep their order (0 counts as 1).
     pub writers: usize,
     /// Stream positions each writer lane remembers (default 100 000; 0 remembers none). An
     /// append that continues a position its lane committed is written without reading the

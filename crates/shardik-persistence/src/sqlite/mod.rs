@@ -41,9 +41,9 @@ pub enum Synchronous {
 pub struct SqliteOptions {
     /// Flush level (default [`Synchronous::Full`]).
     pub synchronous: Synchronous,
-    /// Most writes grouped into one transaction (default 1024).
+    /// Most writes grouped into one transaction (default 1024; 0 counts as 1).
     pub max_batch: usize,
-    /// Read connections, each with a reader thread of its own (default 4).
+    /// Read connections, each with a reader thread of its own (default 4; 0 counts as 1).
     pub readers: usize,
 }
 

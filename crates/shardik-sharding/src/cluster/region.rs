@@ -1045,6 +1045,7 @@ where
         self.debug_check_flag(&g, shard);
         res.map_err(|r| match r.error {
             SendError::BufferFull { .. } => TellError::MailboxFull(r.envelope.payload),
+            // (The region's asks and dead letters say why: `RegionCore::refusal`.)
             SendError::Refused(_) | SendError::BadShard { .. } => {
                 TellError::Stopped(r.envelope.payload)
             }
@@ -1057,6 +1058,15 @@ where
 
     fn shard_of(&self, id: &str) -> ShardId {
         self.local.shard_of(id)
+    }
+
+    fn refusal(&self) -> Option<String> {
+        match &*self.registration.borrow() {
+            Registration::Refused(e) => Some(
+                super::sharding::refusal(&self.type_name, self.shard_count, e.clone()).to_string(),
+            ),
+            _ => None,
+        }
     }
 
     fn type_name(&self) -> &str {

@@ -183,6 +183,56 @@ impl ClusterShardingSettings {
         self
     }
 
+    /// The longest duration a setting takes (longer ones would overflow the clock).
+    pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+    /// What is wrong with these settings, if anything: the periods that drive retries and
+    /// timeouts must be at least a millisecond (the cluster layer counts in whole
+    /// milliseconds, and a zero `tick` would stop its tasks), no duration above
+    /// [`MAX_DURATION`](Self::MAX_DURATION), a buffer of at least one message and a quorum
+    /// of at least one member. Checked when the type starts.
+    pub fn problem(&self) -> Option<String> {
+        let periods = [
+            ("tick", self.tick),
+            ("retry_interval", self.retry_interval),
+            ("handoff_ack_timeout", self.handoff_ack_timeout),
+            ("handoff_stop_retry", self.handoff_stop_retry),
+            ("replication_timeout", self.replication_timeout),
+        ];
+        if let Some((name, d)) = periods.iter().find(|(_, d)| *d < Duration::from_millis(1)) {
+            return Some(format!("{name} is {d:?}; it must be at least 1 ms"));
+        }
+        let mut all = periods.to_vec();
+        all.extend([
+            ("rebalance_interval", self.rebalance_interval),
+            ("entity_stop_timeout", self.entity_stop_timeout),
+            ("down_margin", self.down_margin),
+        ]);
+        if let RememberedStart::Constant { every, .. } = self.remembered_start {
+            if every < Duration::from_millis(1) {
+                return Some(format!(
+                    "remembered_start's step is {every:?}; it must be at least 1 ms"
+                ));
+            }
+            all.push(("remembered_start's step", every));
+        }
+        if let Some((name, d)) = all.iter().find(|(_, d)| *d > Self::MAX_DURATION) {
+            return Some(format!(
+                "{name} is {d:?}; it must be at most {:?}",
+                Self::MAX_DURATION
+            ));
+        }
+        if self.buffer_limit == 0 {
+            return Some(
+                "buffer_limit is 0: every message for a moving shard would be refused".into(),
+            );
+        }
+        if self.min_quorum == 0 {
+            return Some("min_quorum is 0; it must be at least 1".into());
+        }
+        None
+    }
+
     pub(crate) fn coordinator_config(&self, shard_count: u32) -> CoordinatorConfig {
         let mut c = CoordinatorConfig::new(shard_count);
         c.rebalance_interval_ms = self.rebalance_interval.as_millis() as u64;
@@ -199,5 +249,53 @@ impl ClusterShardingSettings {
         c.stop_timeout_ms = self.entity_stop_timeout.as_millis() as u64;
         c.buffer_limit = self.buffer_limit;
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Settings that would stop the type's tasks (a zero `tick` panics tokio's interval in
+    /// them, after `start_with` returned), refuse every buffered message or overflow the
+    /// clock are refused with the setting named.
+    #[test]
+    fn out_of_range_settings_are_named() {
+        let base = ClusterShardingSettings::default;
+        assert_eq!(base().problem(), None);
+        let cases: Vec<(ClusterShardingSettings, &str)> = vec![
+            (
+                ClusterShardingSettings {
+                    tick: Duration::ZERO,
+                    ..base()
+                },
+                "tick",
+            ),
+            (
+                ClusterShardingSettings {
+                    replication_timeout: Duration::from_micros(500),
+                    ..base()
+                },
+                "replication_timeout",
+            ),
+            (
+                base().rebalance_interval(Duration::MAX),
+                "rebalance_interval",
+            ),
+            (base().buffer_limit(0), "buffer_limit"),
+            (base().min_quorum(0), "min_quorum"),
+            (
+                base().remembered_start(RememberedStart::Constant {
+                    entities: NonZeroUsize::new(1).unwrap(),
+                    every: Duration::ZERO,
+                }),
+                "remembered_start",
+            ),
+        ];
+        for (settings, name) in cases {
+            let problem = settings.problem().expect(name);
+            assert!(problem.starts_with(name), "{problem}");
+        }
+        assert_eq!(base().down_margin(Duration::ZERO).problem(), None);
     }
 }

@@ -197,6 +197,12 @@ impl ClusterSharding {
         A::Msg: Serialize + DeserializeOwned,
     {
         entity.validate()?;
+        if let Some(problem) = settings.problem() {
+            return Err(ShardingError::InvalidSettings {
+                name: entity.name().to_string(),
+                problem,
+            });
+        }
         let name = entity.name().to_string();
         let shard_count = entity.shards;
         let shard_fn = entity.shard_fn.clone();
@@ -265,16 +271,16 @@ impl ClusterSharding {
         M: Serialize + DeserializeOwned + Send + 'static,
     {
         let problem = if type_name.is_empty() {
-            Some("the type name is empty")
+            Some("the type name is empty".to_string())
         } else if shard_count == 0 {
-            Some("the shard count must be at least 1")
+            Some("the shard count must be at least 1".to_string())
         } else {
-            None
+            settings.problem()
         };
         if let Some(problem) = problem {
             return Err(ShardingError::InvalidSettings {
                 name: type_name.to_string(),
-                problem: problem.to_string(),
+                problem,
             });
         }
         let mut types = self.inner.types.lock();
@@ -524,7 +530,7 @@ impl ClusterSharding {
     }
 }
 
-fn refusal(type_name: &str, this_node: u32, e: RegisterError) -> ShardingError {
+pub(super) fn refusal(type_name: &str, this_node: u32, e: RegisterError) -> ShardingError {
     match e {
         RegisterError::ShardCountMismatch { coordinator, .. } => {
             ShardingError::ShardCountMismatch {
