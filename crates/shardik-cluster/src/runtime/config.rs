@@ -90,8 +90,9 @@ pub enum ConfigError {
     /// A seed node appears twice.
     #[error("seed node {0:?} is listed twice")]
     DuplicateSeed(String),
-    /// An interval that must be positive is zero.
-    #[error("{0} must be positive")]
+    /// An interval that must be positive is zero, or below the millisecond the cluster
+    /// layer counts in (it would be zero there).
+    #[error("{0} must be at least 1 ms")]
     ZeroDuration(&'static str),
     /// The tick must be at most the heartbeat and gossip intervals.
     #[error("tick_interval ({tick:?}) must not exceed heartbeat_interval and gossip_interval")]
@@ -347,7 +348,7 @@ impl ClusterConfig {
             ),
             ("min_std_deviation", self.phi.min_std_deviation),
         ] {
-            if d.is_zero() {
+            if d < Duration::from_millis(1) {
                 return Err(ConfigError::ZeroDuration(name));
             }
         }
@@ -448,6 +449,12 @@ mod tests {
         assert_eq!(
             c().tick_interval(Duration::ZERO).validate(),
             Err(ConfigError::ZeroDuration("tick_interval"))
+        );
+        // Counted in whole milliseconds: a standard deviation of 0 ms made phi a hard
+        // timeout, NaN exactly at the mean.
+        assert_eq!(
+            c().min_std_deviation(Duration::from_micros(500)).validate(),
+            Err(ConfigError::ZeroDuration("min_std_deviation"))
         );
         assert!(matches!(
             c().tick_interval(Duration::from_secs(2)).validate(),
