@@ -76,6 +76,8 @@ pub struct PhiAccrualDetector {
     sum: f64,
     sum_sq: f64,
     last: Option<u64>,
+    /// The interval before the last heartbeat was not learnt (it ended a flag).
+    skipped: bool,
 }
 
 impl PhiAccrualDetector {
@@ -87,6 +89,7 @@ impl PhiAccrualDetector {
             sum: 0.0,
             sum_sq: 0.0,
             last: None,
+            skipped: false,
         }
     }
 
@@ -109,9 +112,17 @@ impl PhiAccrualDetector {
                 // The gap of an outage (the peer was taken for unavailable) is not a
                 // heartbeat interval: learnt as one it would inflate the mean and deviation
                 // for the next `max_sample_size` heartbeats, and a crash soon after would be
-                // detected several times later (as Akka, which skips it too).
-                if now >= last && self.is_available(now) {
-                    self.push(now - last);
+                // detected several times later (Akka skips it too). Two such gaps in a row
+                // are the peer's pace, though (it sends more slowly than this node expects,
+                // its interval raised in a rolling change): learnt, or it would be flagged
+                // between every two heartbeats for good.
+                if now >= last {
+                    if self.is_available(now) || self.skipped {
+                        self.push(now - last);
+                        self.skipped = false;
+                    } else {
+                        self.skipped = true;
+                    }
                 }
             }
         }
@@ -156,9 +167,11 @@ impl PhiAccrualDetector {
         };
         let elapsed = now.saturating_sub(last) as f64;
         let mean = self.mean() + self.config.acceptable_heartbeat_pause.as_millis() as f64;
+        // Never 0 (a `min_std_deviation` under 1 ms): phi would be NaN at the mean.
         let sd = self
             .std_deviation()
-            .max(self.config.min_std_deviation.as_millis() as f64);
+            .max(self.config.min_std_deviation.as_millis() as f64)
+            .max(0.001);
         phi(elapsed, mean, sd)
     }
 
@@ -341,5 +354,26 @@ mod tests {
         assert!(d.is_available(t));
         d.heartbeat(t);
         assert_eq!(d.intervals.len(), (n + 1).min(d.config.max_sample_size));
+    }
+
+    /// A peer that sends more slowly than this node expects (every gap flags it) is learnt
+    /// from its second slow gap on: it is flagged once, not between every two heartbeats.
+    #[test]
+    fn a_slower_peer_is_learnt_after_two_gaps() {
+        let mut d = PhiAccrualDetector::new(PhiConfig::default());
+        let mut t = 0;
+        d.heartbeat(t);
+        let mut flagged_at_arrival = Vec::new();
+        // Well past the acceptable pause (3 s by default): every gap ends a flag until
+        // the pace is learnt.
+        for _ in 0..12 {
+            t += 6000;
+            flagged_at_arrival.push(!d.is_available(t));
+            d.heartbeat(t);
+        }
+        assert!(
+            flagged_at_arrival[4..].iter().all(|f| !f),
+            "still flagged at every arrival: {flagged_at_arrival:?}"
+        );
     }
 }

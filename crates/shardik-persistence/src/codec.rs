@@ -242,6 +242,48 @@ mod tests {
         }
     }
 
+    /// An id that serializes as a string in human-readable formats and as bytes in compact
+    /// ones, and reads back only the same way, as `Uuid` does.
+    #[derive(Debug, PartialEq)]
+    struct Id([u8; 4]);
+
+    impl Serialize for Id {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            if s.is_human_readable() {
+                s.serialize_str(&format!("{:?}", self.0))
+            } else {
+                s.serialize_bytes(&self.0)
+            }
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Id {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Id, D::Error> {
+            if d.is_human_readable() {
+                return Err(serde::de::Error::custom(
+                    "a human-readable id: not in this test",
+                ));
+            }
+            let Blob(bytes) = Blob::deserialize(d)?;
+            bytes
+                .try_into()
+                .map(Id)
+                .map_err(|_| serde::de::Error::custom("four bytes"))
+        }
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Tagged {
+        id: Id,
+        #[serde(default)]
+        label: String,
+    }
+
+    impl Versioned for Tagged {
+        const TYPE_NAME: &'static str = "test.Tagged";
+        const VERSION: u32 = 2;
+    }
+
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
     struct Holding {
         id: Blob,
@@ -283,6 +325,36 @@ mod tests {
                 label: String::new(),
             }
         );
+        // A type that reads bytes only from a compact format (as `Uuid` does) takes the
+        // MessagePack path.
+        #[derive(Serialize)]
+        struct TaggedV1 {
+            id: Id,
+        }
+        let old = Payload::encode_as(
+            "test.Tagged",
+            1,
+            &TaggedV1 {
+                id: Id([9, 8, 7, 6]),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            old.decode::<Tagged>().unwrap(),
+            Tagged {
+                id: Id([9, 8, 7, 6]),
+                label: String::new()
+            }
+        );
+        let old = Payload::encode_as(
+            "test.Holding",
+            1,
+            &V1 {
+                id: Blob(vec![0, 1, 255]),
+                by_day: std::collections::BTreeMap::from([(1, "a".to_string()), (20, "b".into())]),
+            },
+        )
+        .unwrap();
         // The tree the upcast sees: bytes as numbers, keys as their text.
         let tree = crate::value_tree::to_tree(&old.bytes).unwrap();
         assert_eq!(

@@ -5,9 +5,16 @@
 //! that serialize as bytes in a compact format, which the record's encoder is) and map keys
 //! that are not strings (a `HashMap<u64, _>`). `serde_json`'s own visitor refuses both, so
 //! such a record could not be upcast at all. Here binary values become arrays of byte
-//! numbers and keys their JSON text (`7` → `"7"`); the tree is then decoded the way records
-//! are written (MessagePack, not human-readable, where a bytes field takes such an array),
-//! or, failing that, as JSON (which parses `"7"` back into an integer key).
+//! numbers and keys their JSON text (`7` → `"7"`); the tree is then decoded as JSON, as
+//! before (which parses `"7"` back into an integer key, and fills a `serde_bytes` field from
+//! an array), or, where that fails, the way records are written: as MessagePack, not
+//! human-readable, where a compact `Uuid` takes the array of its 16 bytes. So a record that
+//! decoded before decodes to the same value; only those that failed take the second path.
+//! That path is rmp-serde's, which is lenient where JSON is strict: it reads a number as an
+//! enum variant by its index, for one, so a field whose type changed from a number to an enum
+//! needs an upcaster that says how. Not covered: one record that holds both a compact `Uuid`
+//! and integer map keys (neither path reads both), byte-string map keys that are not UTF-8,
+//! and `i128`/`u128` values (stored as 16 bytes); NaN and infinities become `null`.
 
 use std::fmt;
 
@@ -20,14 +27,17 @@ pub(crate) fn to_tree(bytes: &[u8]) -> Result<Value, String> {
     Tree.deserialize(&mut de).map_err(|e| e.to_string())
 }
 
-/// Decodes `T` from an (upcast) value tree: as MessagePack first, the way records are
-/// written, then as JSON.
+/// Decodes `T` from an (upcast) value tree: as JSON, then as MessagePack (see the module
+/// docs).
 pub(crate) fn from_tree<T: DeserializeOwned>(tree: Value) -> Result<T, String> {
-    let packed = rmp_serde::to_vec_named(&tree).map_err(|e| e.to_string())?;
-    match rmp_serde::from_slice::<T>(&packed) {
+    match T::deserialize(&tree) {
         Ok(value) => Ok(value),
-        Err(packed_error) => serde_json::from_value(tree)
-            .map_err(|json_error| format!("{packed_error} (read as JSON: {json_error})")),
+        Err(json_error) => {
+            let packed = rmp_serde::to_vec_named(&tree).map_err(|e| e.to_string())?;
+            rmp_serde::from_slice::<T>(&packed).map_err(|packed_error| {
+                format!("{json_error} (read as MessagePack: {packed_error})")
+            })
+        }
     }
 }
 

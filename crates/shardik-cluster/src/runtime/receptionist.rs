@@ -380,13 +380,17 @@ impl Receptionist {
             remote.register(&path, actor.clone());
             let weak = Arc::downgrade(&self.shared);
             let watched = actor.clone();
-            let watcher = tokio::spawn(async move {
-                watched.terminated().await;
-                if let Some(shared) = weak.upgrade() {
-                    remove_local(&shared, |eid, _| eid == id);
-                }
-            })
-            .abort_handle();
+            // On the actor system's runtime: `register` may be called from any thread.
+            let watcher = remote
+                .system()
+                .runtime()
+                .spawn(async move {
+                    watched.terminated().await;
+                    if let Some(shared) = weak.upgrade() {
+                        remove_local(&shared, |eid, _| eid == id);
+                    }
+                })
+                .abort_handle();
             inner.local.insert(
                 id,
                 LocalEntry {
