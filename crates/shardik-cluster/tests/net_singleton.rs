@@ -354,6 +354,11 @@ async fn proxy_buffer_is_bounded_while_no_instance_is_known() {
             capacity: 3
         })
     );
+    // An ask says the same with the matching `AskError` (it was an `Undeliverable` text).
+    assert_eq!(
+        p.ask(Msg::Get, Duration::from_secs(1)).await,
+        Err(shardik_actor::AskError::MailboxFull)
+    );
     stop_all(&nodes).await;
 }
 

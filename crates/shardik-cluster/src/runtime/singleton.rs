@@ -508,7 +508,8 @@ where
     }
 
     /// Sends a request built around a fresh [`ReplyTo`] (buffered like [`tell`](Self::tell))
-    /// and waits up to `timeout` for the answer.
+    /// and waits up to `timeout` for the answer. A full buffer fails as
+    /// [`AskError::MailboxFull`], a stopped node as [`AskError::Stopped`].
     pub async fn ask<R>(
         &self,
         make: impl FnOnce(ReplyTo<R>) -> M,
@@ -518,12 +519,17 @@ where
         R: Serialize + DeserializeOwned + Send + 'static,
     {
         let (reply_to, rx) = ReplyTo::channel();
-        self.tell(make(reply_to))
-            .map_err(|e| AskError::Undeliverable(e.to_string()))?;
+        self.tell(make(reply_to)).map_err(|e| match e {
+            SingletonError::BufferFull { .. } => AskError::MailboxFull,
+            SingletonError::Stopped(_) => AskError::Stopped,
+        })?;
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(_)) => Err(AskError::NoReply),
-            Err(_) => Err(AskError::Timeout(timeout)),
+            Err(_) => {
+                metrics::counter!("shardik_ask_timeouts_total", "via" => "singleton").increment(1);
+                Err(AskError::Timeout(timeout))
+            }
         }
     }
 
