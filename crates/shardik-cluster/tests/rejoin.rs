@@ -196,3 +196,62 @@ fn restart_with_a_smaller_random_incarnation_replaces_the_old_one_at_once() {
         assert!(sim.node(v).node.gossip().tombstones().contains(&uid(3, 1)));
     }
 }
+
+/// Tombstones are dropped `prune_tombstones_after` after a node first held them (every gossip
+/// carried every removed incarnation for good before): restarts leave none behind once that
+/// has passed, all nodes agree again, and a stale state that still holds the old incarnation,
+/// as a member or a tombstone, brings neither back.
+#[test]
+fn tombstones_are_pruned_and_stay_pruned() {
+    const PRUNE: u64 = 30_000;
+    let mut sim = Sim::new();
+    for i in 0..4 {
+        let mut config = Sim::config(uid(i, 1));
+        config.prune_tombstones_after = std::time::Duration::from_millis(PRUNE);
+        sim.start_with(config);
+    }
+    let first = [uid(0, 1), uid(1, 1), uid(2, 1), uid(3, 1)];
+    sim.run_until(20_000, "cluster up", |s| s.all_up(&[0, 1, 2, 3], &first));
+    let stale = sim.node(1).node.gossip().clone();
+    // Node 3 restarts: its first incarnation is removed and tombstoned everywhere.
+    sim.crash(3);
+    let mut config = Sim::config(uid(3, 2));
+    config.prune_tombstones_after = std::time::Duration::from_millis(PRUNE);
+    sim.start_with(config);
+    let all = [uid(0, 1), uid(1, 1), uid(2, 1), uid(3, 2)];
+    sim.run_until(15_000, "restarted and the old one removed", |s| {
+        s.all_up(&[0, 1, 2, 3], &all)
+            && (0..4).all(|v| s.node(v).node.gossip().tombstones().contains(&uid(3, 1)))
+    });
+    let tombstoned = sim.node(0).node.gossip().clone();
+    sim.run_until(PRUNE + 10_000, "tombstones pruned everywhere", |s| {
+        (0..4).all(|v| s.node(v).node.gossip().tombstones().is_empty())
+    });
+    sim.run_for(5_000);
+    assert!(sim.all_up(&[0, 1, 2, 3], &all));
+    for v in 0..4 {
+        assert!(
+            sim.node(v).node.gossip().tombstones().is_empty(),
+            "node {v}"
+        );
+        assert!(sim
+            .node(v)
+            .node
+            .gossip()
+            .convergence(&uid(v, if v == 3 { 2 } else { 1 })));
+    }
+    // States from before the pruning, sent again: the old incarnation stays gone, and its
+    // tombstone is not taken back.
+    for to in 0..4 {
+        sim.inject_gossip(uid(1, 1), to, stale.clone());
+        sim.inject_gossip(uid(2, 1), to, tombstoned.clone());
+    }
+    sim.run_for(5_000);
+    assert!(sim.all_up(&[0, 1, 2, 3], &all));
+    for v in 0..4 {
+        assert!(
+            sim.node(v).node.gossip().tombstones().is_empty(),
+            "node {v}"
+        );
+    }
+}
