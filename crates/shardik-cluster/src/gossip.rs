@@ -193,18 +193,6 @@ impl Gossip {
         self.tombstones.insert(node.clone());
     }
 
-    /// Forgets `node` for good: its tombstone, and the node itself if this (stale) state
-    /// still holds it, without a tombstone. For tombstones old enough that no state holding
-    /// the node is still around ([`NodeConfig::prune_tombstones_after`](crate::node::NodeConfig)).
-    pub(crate) fn forget(&mut self, node: &UniqueAddress) {
-        self.tombstones.remove(node);
-        if self.members.remove(node).is_some() {
-            self.seen.remove(node);
-            self.reachability.remove(node);
-            self.version.prune(&node.key());
-        }
-    }
-
     /// The members whose state is `Down` (their own opinions no longer count).
     pub fn downed(&self) -> BTreeSet<UniqueAddress> {
         self.members

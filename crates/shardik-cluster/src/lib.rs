@@ -24,10 +24,7 @@
 //! ## Rules (Akka's, see `shared/reference/protocols.md`)
 //! - A process is a `UniqueAddress` (address, node id, incarnation). A restarted process is a
 //!   new incarnation: its join marks the old one `Down`, the leader removes it, and removed
-//!   incarnations stay as tombstones, so no gossip, however stale, brings them back. A node
-//!   drops a tombstone 24 h after it first held it (`NodeConfig::prune_tombstones_after`)
-//!   and ignores received copies of it as long again, so the gossip does not grow with every
-//!   restart for good.
+//!   incarnations stay as tombstones, so no gossip, however stale, brings them back.
 //! - Member states only move forward (the table in [`member::MemberStatus::can_become`]);
 //!   merges keep the later state, so `Down` and `Removed` never go back.
 //! - Unreachable is a per-observer flag: one observer sets it, every observer must clear it.

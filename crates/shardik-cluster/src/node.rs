@@ -41,12 +41,6 @@ pub struct NodeConfig {
     /// How long the first node of the seed list waits for another seed to answer its join
     /// requests before it forms a new cluster (Akka's `seed-node-timeout`: 5 s).
     pub seed_node_timeout: Duration,
-    /// A removed incarnation's tombstone is dropped this long after this node first held it,
-    /// and tombstones of it in received states are ignored as long again (Akka's
-    /// `prune-gossip-tombstones-after`: 24 h). Every gossip carries the tombstones, so without
-    /// it a cluster with churn grew its gossip by each restart or leave, for good. Keep it far
-    /// above any time a stale state may still travel (a partition, a paused process).
-    pub prune_tombstones_after: Duration,
 }
 
 impl NodeConfig {
@@ -70,7 +64,6 @@ impl NodeConfig {
             fence_after: Duration::from_millis(1500),
             weakly_up_after: Some(Duration::from_secs(7)),
             seed_node_timeout: Duration::from_secs(5),
-            prune_tombstones_after: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -96,12 +89,6 @@ pub struct MembershipNode {
     was_member: bool,
     shut_down: bool,
     fence: Fence,
-    /// When this node first held each tombstone of its state (see
-    /// [`NodeConfig::prune_tombstones_after`]).
-    tombstones_seen: BTreeMap<UniqueAddress, u64>,
-    /// Tombstones dropped, with when: received states' copies of them are ignored until
-    /// `prune_tombstones_after` later.
-    forgotten: BTreeMap<UniqueAddress, u64>,
 }
 
 /// Whether this node is fenced: on the side of a partition that would lose (see
@@ -132,8 +119,6 @@ impl MembershipNode {
             was_member: false,
             shut_down: false,
             fence: Fence::default(),
-            tombstones_seen: BTreeMap::new(),
-            forgotten: BTreeMap::new(),
         }
     }
 
@@ -305,17 +290,9 @@ impl MembershipNode {
         }
     }
 
-    fn on_gossip(&mut self, from: UniqueAddress, mut remote: Gossip, out: &mut Vec<Action>) {
+    fn on_gossip(&mut self, from: UniqueAddress, remote: Gossip, out: &mut Vec<Action>) {
         if remote.check_received().is_err() {
             return; // see `Gossip::check_received`; the runtime logs it
-        }
-        if self.forgotten.contains_key(&from) {
-            return; // removed long ago: not a member of anything this node knows
-        }
-        // Tombstones this node dropped are not taken back from others that still hold them
-        // (they drop them too, about when this node did).
-        for t in self.forgotten.keys() {
-            remote.forget(t);
         }
         let me = self.self_node().clone();
         if !self.is_member() {
@@ -376,7 +353,6 @@ impl MembershipNode {
             self.try_join(out);
             return;
         }
-        self.prune_tombstones(now);
         let me = self.self_node().clone();
         self.check_reachability(now);
         // Split brain resolver: only the leader of this side applies a decision.
@@ -467,30 +443,6 @@ impl MembershipNode {
                 out.push(Action::SendGossip(to, Box::new(self.gossip.clone())));
             }
         }
-    }
-
-    /// Drops the tombstones this node has held for `prune_tombstones_after`, and forgets the
-    /// dropped ones as long again.
-    fn prune_tombstones(&mut self, now: u64) {
-        let after = self.config.prune_tombstones_after.as_millis() as u64;
-        let held = self.gossip.tombstones();
-        self.tombstones_seen.retain(|t, _| held.contains(t));
-        for t in held {
-            self.tombstones_seen.entry(t.clone()).or_insert(now);
-        }
-        let due: Vec<UniqueAddress> = self
-            .tombstones_seen
-            .iter()
-            .filter(|(_, since)| now.saturating_sub(**since) >= after)
-            .map(|(t, _)| t.clone())
-            .collect();
-        for t in due {
-            self.tombstones_seen.remove(&t);
-            self.gossip.forget(&t);
-            self.forgotten.insert(t, now);
-        }
-        self.forgotten
-            .retain(|_, since| now.saturating_sub(*since) < after);
     }
 
     fn check_reachability(&mut self, now: u64) {
