@@ -126,7 +126,6 @@ pub(crate) struct Cell<A: Actor> {
 }
 
 impl<A: Actor> Cell<A> {
-    /// Creates the cell and schedules its first turn (which runs `started`).
     /// A new cell, started at once (for tests; the system and contexts register the cell
     /// before they start it, see [`create`](Self::create)).
     #[cfg(test)]
@@ -399,7 +398,14 @@ fn call_guarded<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
     std::panic::catch_unwind(AssertUnwindSafe(f))
 }
 
-pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
+/// The message of a caught panic (the payload of `catch_unwind` or of a `JoinError`), for
+/// errors and logs: the text of `panic!("..")`, or a placeholder for other payloads.
+///
+/// ```
+/// let caught = std::panic::catch_unwind(|| panic!("boom {}", 7)).unwrap_err();
+/// assert_eq!(shardik_actor::panic_message(&*caught), "boom 7");
+/// ```
+pub fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -67,6 +67,7 @@ pub mod wire;
 
 pub use actor::{Actor, ActorError, ActorId, StopReason, Terminated, Termination};
 pub use actor_ref::ActorRef;
+pub use cell::panic_message;
 pub use context::{Context, TimerId};
 pub use dead_letters::DeadLetterStats;
 pub use error::{AskError, TellError};

@@ -121,13 +121,4 @@ pub enum DecodeError {
     Panicked(String),
 }
 
-/// The message of a caught panic, for errors and logs.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
+pub(crate) use shardik_actor::panic_message;

@@ -718,11 +718,7 @@ where
         let props = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&self.factory)) {
             Ok(props) => props,
             Err(panic) => {
-                let panic = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "(non-string panic payload)".into());
+                let panic = shardik_actor::panic_message(&*panic);
                 tracing::error!(singleton = self.shared.settings.name, %panic, "the singleton's props factory panicked; no instance started");
                 return;
             }
