@@ -45,12 +45,68 @@ pub enum Received {
 /// assert_eq!(g.leader(&a), Some(a));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "GossipWire", try_from = "GossipWire")]
 pub struct Gossip {
     members: BTreeMap<UniqueAddress, Member>,
     reachability: Reachability,
     seen: BTreeSet<UniqueAddress>,
     version: VClock,
+    /// Removed incarnations, each with the wall-clock time of its removal in ms since the
+    /// UNIX epoch (0: not known yet; the leader stamps it).
+    tombstones: BTreeMap<UniqueAddress, u64>,
+}
+
+/// How a [`Gossip`] travels: the tombstones as the set they always were (so a node that does
+/// not know removal times still reads the state) and their removal times beside them, in the
+/// set's order.
+#[derive(Serialize, Deserialize)]
+struct GossipWire {
+    members: BTreeMap<UniqueAddress, Member>,
+    reachability: Reachability,
+    seen: BTreeSet<UniqueAddress>,
+    version: VClock,
     tombstones: BTreeSet<UniqueAddress>,
+    /// One per tombstone, in order; absent from a node that does not record them.
+    #[serde(default)]
+    tombstone_times: Vec<u64>,
+}
+
+impl From<Gossip> for GossipWire {
+    fn from(g: Gossip) -> Self {
+        let tombstone_times = g.tombstones.values().copied().collect();
+        GossipWire {
+            members: g.members,
+            reachability: g.reachability,
+            seen: g.seen,
+            version: g.version,
+            tombstones: g.tombstones.into_keys().collect(),
+            tombstone_times,
+        }
+    }
+}
+
+impl TryFrom<GossipWire> for Gossip {
+    type Error = String;
+
+    fn try_from(w: GossipWire) -> Result<Self, String> {
+        let times = match w.tombstone_times.len() {
+            0 => vec![0; w.tombstones.len()],
+            n if n == w.tombstones.len() => w.tombstone_times,
+            n => {
+                return Err(format!(
+                    "{} tombstones but {n} removal times",
+                    w.tombstones.len()
+                ))
+            }
+        };
+        Ok(Gossip {
+            members: w.members,
+            reachability: w.reachability,
+            seen: w.seen,
+            version: w.version,
+            tombstones: w.tombstones.into_iter().zip(times).collect(),
+        })
+    }
 }
 
 impl Gossip {
@@ -95,9 +151,38 @@ impl Gossip {
         &self.version
     }
 
-    /// Incarnations removed for good; never members again.
-    pub fn tombstones(&self) -> &BTreeSet<UniqueAddress> {
+    /// Incarnations removed for good, each with the wall-clock time of its removal (ms since
+    /// the UNIX epoch; 0 until the leader stamps it). Never members again, for as long as the
+    /// tombstone is kept (see [`Gossip::settle_tombstones`]).
+    pub fn tombstones(&self) -> &BTreeMap<UniqueAddress, u64> {
         &self.tombstones
+    }
+
+    /// `true` if `node` is a removed incarnation (while its tombstone is kept).
+    pub fn is_tombstoned(&self, node: &UniqueAddress) -> bool {
+        self.tombstones.contains_key(node)
+    }
+
+    /// The leader's upkeep of the tombstones at `now` (wall clock, ms since the UNIX epoch):
+    /// stamps the removals not stamped yet with `now` and drops the tombstones removed at or
+    /// before `drop_before`. Returns `true` if anything changed; the caller then makes a new
+    /// version ([`Gossip::touch`]), which the other nodes take although it lacks tombstones
+    /// they hold, as long as those are older than what they keep (see
+    /// [`Gossip::receive_keeping`]).
+    ///
+    /// Without it every removed incarnation (each restart, each leave) would stay in every
+    /// gossip for good.
+    pub fn settle_tombstones(&mut self, now: u64, drop_before: u64) -> bool {
+        let mut changed = false;
+        for at in self.tombstones.values_mut() {
+            if *at == 0 {
+                *at = now.max(1);
+                changed = true;
+            }
+        }
+        let before = self.tombstones.len();
+        self.tombstones.retain(|_, at| *at > drop_before);
+        changed || self.tombstones.len() != before
     }
 
     /// Records that `node` has seen this version.
@@ -127,7 +212,7 @@ impl Gossip {
         node: UniqueAddress,
         roles: BTreeSet<String>,
     ) -> Result<bool, JoinRefused> {
-        if self.tombstones.contains(&node) {
+        if self.tombstones.contains_key(&node) {
             return Err(JoinRefused::Tombstoned);
         }
         if let Some(m) = self.members.get(&node) {
@@ -190,7 +275,7 @@ impl Gossip {
         self.seen.remove(node);
         self.reachability.remove(node);
         self.version.prune(&node.key());
-        self.tombstones.insert(node.clone());
+        self.tombstones.insert(node.clone(), 0);
     }
 
     /// The members whose state is `Down` (their own opinions no longer count).
@@ -270,11 +355,15 @@ impl Gossip {
     /// tombstoned incarnation, reachability rows per observer by version, clocks merged. The
     /// seen set is emptied (the caller marks itself).
     pub fn merge(&self, other: &Gossip) -> Gossip {
-        let tombstones: BTreeSet<UniqueAddress> =
-            self.tombstones.union(&other.tombstones).cloned().collect();
+        // The union; a removal stamped on both sides keeps the later time.
+        let mut tombstones = self.tombstones.clone();
+        for (k, at) in &other.tombstones {
+            let mine = tombstones.entry(k.clone()).or_insert(0);
+            *mine = (*mine).max(*at);
+        }
         let mut members = BTreeMap::new();
         for (k, m) in self.members.iter().chain(other.members.iter()) {
-            if tombstones.contains(k) {
+            if tombstones.contains_key(k) {
                 continue;
             }
             let merged = match members.get(k) {
@@ -286,7 +375,7 @@ impl Gossip {
         let keys: BTreeSet<UniqueAddress> = members.keys().cloned().collect();
         let reachability = self.reachability.merge(&other.reachability, &keys);
         let mut version = self.version.merge(&other.version);
-        for t in &tombstones {
+        for t in tombstones.keys() {
             version.prune(&t.key());
         }
         Gossip {
@@ -313,7 +402,7 @@ impl Gossip {
             if m.status == MemberStatus::Removed {
                 return Err(format!("member {key} is stored as Removed"));
             }
-            if self.tombstones.contains(key) {
+            if self.tombstones.contains_key(key) {
                 return Err(format!("member {key} is also tombstoned"));
             }
             if m.up_number.is_some_and(|n| n > LIMIT) {
@@ -339,21 +428,49 @@ impl Gossip {
     /// ones (the merge is a new version authored by `self_node`), and marks `self_node` as
     /// having seen the result. Members this node already tombstoned never come back, even
     /// when the remote version is newer. A node the remote state removed takes it as is.
+    /// No tombstone is ever dropped: [`Gossip::receive_keeping`] with `keep_since` 0.
     pub fn receive(&mut self, remote: &Gossip, self_node: &UniqueAddress) -> Received {
-        if self.tombstones.contains(self_node) {
+        self.receive_keeping(remote, self_node, 0)
+    }
+
+    /// [`Gossip::receive`], except that a newer `remote` state may lack tombstones this one
+    /// holds that were removed before `keep_since` (wall clock, ms since the UNIX epoch): the
+    /// leader dropped them ([`Gossip::settle_tombstones`]), and the newer state is taken as
+    /// it is. A newer state that lacks a younger (or unstamped) tombstone is merged instead,
+    /// as [`Gossip::receive`] does with any: pruned version entries can make a state that
+    /// never saw a removal look newer than it.
+    pub fn receive_keeping(
+        &mut self,
+        remote: &Gossip,
+        self_node: &UniqueAddress,
+        keep_since: u64,
+    ) -> Received {
+        if self.tombstones.contains_key(self_node) {
             // Already removed: nothing more to learn, and nothing to author.
             return Received::Older;
         }
-        if remote.tombstones.contains(self_node) {
+        if remote.tombstones.contains_key(self_node) {
             // We were removed: the remote state is the truth, and we must not author a mix of
             // both under a version we can no longer advance.
             *self = remote.clone();
             return Received::Newer;
         }
         // A remote state that holds a member we removed, or whose tombstones differ from ours,
-        // is merged (never taken or dropped wholesale), so tombstones are never lost.
-        let resurrects = remote.members.keys().any(|k| self.tombstones.contains(k))
-            || self.tombstones != remote.tombstones;
+        // is merged (never taken or dropped wholesale), so tombstones are never lost; except
+        // those old enough for the leader to have dropped them, which a newer state may lack.
+        let kept = |at: u64| at == 0 || at >= keep_since;
+        let resurrects = remote
+            .members
+            .keys()
+            .any(|k| self.tombstones.contains_key(k))
+            || self
+                .tombstones
+                .iter()
+                .any(|(k, at)| kept(*at) && !remote.tombstones.contains_key(k))
+            || remote
+                .tombstones
+                .iter()
+                .any(|(k, at)| kept(*at) && !self.tombstones.contains_key(k));
         let outcome = match self.version.compare(&remote.version) {
             Ordering::Same if !resurrects && self.same_content(remote) => {
                 self.seen.extend(remote.seen.iter().cloned());
@@ -376,7 +493,7 @@ impl Gossip {
                 // two different states would share one version and never be reconciled.
                 let collides = |input: &Gossip| {
                     let mut v = input.version.clone();
-                    for t in &merged.tombstones {
+                    for t in merged.tombstones.keys() {
                         v.prune(&t.key());
                     }
                     v.compare(&merged.version) == Ordering::Same && !merged.same_content(input)
@@ -437,7 +554,7 @@ mod tests {
         });
         assert!(moved.contains("stored under"), "{moved}");
         let both = broken(&|g| {
-            g.tombstones.insert(n(1));
+            g.tombstones.insert(n(1), 5);
         });
         assert!(both.contains("tombstoned"), "{both}");
         let old = broken(&|g| g.set_up_number(&n(1), u64::MAX));
@@ -566,7 +683,7 @@ mod tests {
         a.set_status(&n(2), MemberStatus::Down).unwrap();
         a.set_status(&n(2), MemberStatus::Removed).unwrap();
         a.touch(&n(0));
-        assert!(a.tombstones().contains(&n(2)));
+        assert!(a.is_tombstoned(&n(2)));
         // stale copy, even one made "newer" by a node that never saw the removal
         let mut stale = base.clone();
         stale.touch(&n(1));
@@ -664,6 +781,127 @@ mod tests {
         assert_eq!(a.receive(&remote, &n(0)), Received::Merged);
         assert_eq!(a.version().compare(&before), Ordering::After);
         assert!(a.member(&n(2)).is_none());
+    }
+
+    /// `n(2)` removed from `up(&[0, 1, 2])` and stamped at `at`, as the leader `n(0)` does.
+    fn removed_at(at: u64) -> Gossip {
+        let mut g = up(&[0, 1, 2]);
+        g.set_status(&n(2), MemberStatus::Down).unwrap();
+        g.set_status(&n(2), MemberStatus::Removed).unwrap();
+        assert_eq!(
+            g.tombstones()[&n(2)],
+            0,
+            "unstamped until the leader stamps it"
+        );
+        assert!(g.settle_tombstones(at, 0));
+        g.touch(&n(0));
+        g
+    }
+
+    #[test]
+    fn the_leader_stamps_removals_and_drops_old_tombstones() {
+        let mut g = removed_at(1_000);
+        assert_eq!(g.tombstones()[&n(2)], 1_000);
+        // Nothing to do: stamped, and not old enough.
+        assert!(!g.settle_tombstones(5_000, 999));
+        assert!(g.is_tombstoned(&n(2)));
+        assert!(g.settle_tombstones(5_000, 1_000));
+        assert!(g.tombstones().is_empty());
+        // A removed incarnation may join again only once its tombstone is gone (a process
+        // does not rejoin with an incarnation it had: this is what pruning gives up).
+        assert_eq!(g.add_joining(n(2), BTreeSet::new()), Ok(true));
+    }
+
+    #[test]
+    fn a_newer_state_without_an_old_tombstone_is_taken_as_it_is() {
+        let holder = removed_at(1_000);
+        let mut pruned = holder.clone();
+        assert!(pruned.settle_tombstones(30_000, 25_000));
+        pruned.touch(&n(0));
+        // Removed at 1 000, kept since 20 000: the leader's newer state wins, without it.
+        let mut h = holder.clone();
+        assert_eq!(h.receive_keeping(&pruned, &n(1), 20_000), Received::Newer);
+        assert!(h.tombstones().is_empty());
+        assert_eq!(h.version(), pruned.version());
+        // The old state coming back (gossip still in flight) does not bring it back either.
+        let mut p = pruned.clone();
+        assert_eq!(p.receive_keeping(&holder, &n(0), 20_000), Received::Older);
+        assert!(p.tombstones().is_empty());
+        // A tombstone younger than what is kept is merged back in, under a newer version:
+        // the newer-looking state may be one that never saw the removal.
+        let mut young = holder.clone();
+        assert_eq!(young.receive_keeping(&pruned, &n(1), 500), Received::Merged);
+        assert!(young.is_tombstoned(&n(2)));
+        assert_eq!(young.version().compare(pruned.version()), Ordering::After);
+        // ... and so is one not stamped yet, however old the cut-off.
+        let mut unstamped = holder.clone();
+        unstamped.tombstones.insert(n(2), 0);
+        assert_eq!(
+            unstamped.receive_keeping(&pruned, &n(1), u64::MAX),
+            Received::Merged
+        );
+        assert!(unstamped.is_tombstoned(&n(2)));
+        // `receive` keeps every tombstone.
+        let mut all = holder.clone();
+        assert_eq!(all.receive(&pruned, &n(1)), Received::Merged);
+        assert!(all.is_tombstoned(&n(2)));
+    }
+
+    #[test]
+    fn merged_tombstones_keep_the_later_removal_time() {
+        let a = removed_at(1_000);
+        let mut b = up(&[0, 1, 2]);
+        b.set_status(&n(2), MemberStatus::Down).unwrap();
+        b.set_status(&n(2), MemberStatus::Removed).unwrap();
+        b.settle_tombstones(3_000, 0);
+        b.touch(&n(1));
+        for m in [a.merge(&b), b.merge(&a)] {
+            assert_eq!(m.tombstones()[&n(2)], 3_000);
+        }
+        let mut unstamped = b.clone();
+        unstamped.tombstones.insert(n(2), 0);
+        assert_eq!(a.merge(&unstamped).tombstones()[&n(2)], 1_000);
+    }
+
+    #[test]
+    fn tombstones_travel_with_their_removal_times_and_older_forms_still_read() {
+        let g = removed_at(1_234);
+        let bytes = rmp_serde::to_vec_named(&g).unwrap();
+        let back: Gossip = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(back, g);
+        // The form without times (what nodes wrote before removal times existed): the
+        // tombstones arrive unstamped, and the leader stamps them.
+        #[derive(Serialize, Deserialize)]
+        struct Before {
+            members: BTreeMap<UniqueAddress, Member>,
+            reachability: Reachability,
+            seen: BTreeSet<UniqueAddress>,
+            version: VClock,
+            tombstones: BTreeSet<UniqueAddress>,
+        }
+        let before = Before {
+            members: g.members.clone(),
+            reachability: g.reachability.clone(),
+            seen: g.seen.clone(),
+            version: g.version.clone(),
+            tombstones: g.tombstones.keys().cloned().collect(),
+        };
+        let old: Gossip =
+            rmp_serde::from_slice(&rmp_serde::to_vec_named(&before).unwrap()).unwrap();
+        assert_eq!(old.tombstones()[&n(2)], 0);
+        assert_eq!(old.members, g.members);
+        // And a node that does not know removal times reads ours (it ignores the times).
+        let theirs: Before = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(theirs.tombstones, BTreeSet::from([n(2)]));
+        assert_eq!(theirs.version, g.version);
+        // Times that do not match the tombstones are refused with the reason.
+        let mut wire = GossipWire::from(g.clone());
+        wire.tombstone_times.push(7);
+        let bad = rmp_serde::to_vec_named(&wire).unwrap();
+        let err = rmp_serde::from_slice::<Gossip>(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("1 tombstones but 2 removal times"), "{err}");
     }
 
     #[test]

@@ -153,7 +153,7 @@ mod tests {
             vec![(n(1), MemberStatus::Removed)]
         );
         assert!(g.member(&n(1)).is_none());
-        assert!(g.tombstones().contains(&n(1)));
+        assert!(g.is_tombstoned(&n(1)));
     }
 
     #[test]

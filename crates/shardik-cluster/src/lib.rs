@@ -24,7 +24,8 @@
 //! ## Rules (Akka's, see `shared/reference/protocols.md`)
 //! - A process is a `UniqueAddress` (address, node id, incarnation). A restarted process is a
 //!   new incarnation: its join marks the old one `Down`, the leader removes it, and removed
-//!   incarnations stay as tombstones, so no gossip, however stale, brings them back.
+//!   incarnations stay as tombstones for `prune_tombstones_after` (24 h), so no gossip,
+//!   however stale, brings them back; then the leader drops them at a convergence.
 //! - Member states only move forward (the table in [`member::MemberStatus::can_become`]);
 //!   merges keep the later state, so `Down` and `Removed` never go back.
 //! - Unreachable is a per-observer flag: one observer sets it, every observer must clear it.

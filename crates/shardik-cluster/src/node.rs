@@ -12,6 +12,11 @@ use crate::phi::{PhiAccrualDetector, PhiConfig};
 use crate::protocol::{Action, Input};
 use crate::ring;
 
+/// `d` in whole milliseconds, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Settings of a [`MembershipNode`].
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -41,6 +46,15 @@ pub struct NodeConfig {
     /// How long the first node of the seed list waits for another seed to answer its join
     /// requests before it forms a new cluster (Akka's `seed-node-timeout`: 5 s).
     pub seed_node_timeout: Duration,
+    /// How long a removed incarnation's tombstone is kept (Akka's
+    /// `prune-gossip-tombstones-after`: 24 h). Until then no gossip, however stale, brings it
+    /// back as a member and it cannot join again; then the leader drops it at a convergence,
+    /// so that restarts and leaves do not grow the gossip for good.
+    pub prune_tombstones_after: Duration,
+    /// The wall-clock time (ms since the UNIX epoch) at instant 0 of the times this node is
+    /// given; removal times in the gossip are wall-clock times, comparable across nodes. The
+    /// cluster runtime sets it; tests may leave it at 0.
+    pub wall_clock_origin_ms: u64,
 }
 
 impl NodeConfig {
@@ -64,6 +78,8 @@ impl NodeConfig {
             fence_after: Duration::from_millis(1500),
             weakly_up_after: Some(Duration::from_secs(7)),
             seed_node_timeout: Duration::from_secs(5),
+            prune_tombstones_after: Duration::from_secs(24 * 3600),
+            wall_clock_origin_ms: 0,
         }
     }
 }
@@ -309,7 +325,7 @@ impl MembershipNode {
         // node this one holds down in turn (after crossed decisions each side of a split
         // may hold the other down, and this is how both learn it and stop, rather than both
         // going on).
-        let downed_me = remote.tombstones().contains(&me)
+        let downed_me = remote.is_tombstoned(&me)
             || remote
                 .member(&me)
                 .is_some_and(|m| m.status == MemberStatus::Down);
@@ -317,7 +333,7 @@ impl MembershipNode {
             self.gossip.receive(&remote, &me);
             return;
         }
-        let sender_dead = self.gossip.tombstones().contains(&from)
+        let sender_dead = self.gossip.is_tombstoned(&from)
             || self
                 .gossip
                 .member(&from)
@@ -330,14 +346,19 @@ impl MembershipNode {
         if self.gossip.member(&from).is_none() || remote.member(&from).is_none() {
             return; // a node we do not know (yet), or another cluster
         }
-        if remote.member(&me).is_none() && !remote.tombstones().contains(&me) {
+        if remote.member(&me).is_none() && !remote.is_tombstoned(&me) {
             return; // the sender does not know us yet; it will
         }
         if self.fence.active {
             self.fence.heard.insert(from.clone());
         }
         let sender_saw_us = remote.has_seen(&me);
-        let outcome = self.gossip.receive(&remote, &me);
+        // Tombstones older than half their lifetime may be missing from a newer state: the
+        // leader dropped them (the half is a margin for clocks that disagree).
+        let keep_since = self
+            .wall_now()
+            .saturating_sub(millis(self.config.prune_tombstones_after) / 2);
+        let outcome = self.gossip.receive_keeping(&remote, &me, keep_since);
         let reply = match outcome {
             Received::Older | Received::Merged => true,
             Received::Newer | Received::Same => !sender_saw_us,
@@ -422,11 +443,15 @@ impl MembershipNode {
             (Some(after), Some(since)) => now.saturating_sub(since) >= after.as_millis() as u64,
             _ => false,
         };
-        let removed_before: BTreeSet<_> = self.gossip.tombstones().clone();
-        if !leader_actions(&mut self.gossip, &me, weakly_up).is_empty() {
+        let removed_before: BTreeSet<_> = self.gossip.tombstones().keys().cloned().collect();
+        let acted = !leader_actions(&mut self.gossip, &me, weakly_up).is_empty();
+        self.settle_tombstones(&me, acted);
+        if acted {
             // Removed members get one last gossip so they learn it.
-            for t in self.gossip.tombstones().difference(&removed_before) {
-                out.push(Action::SendGossip(t.clone(), Box::new(self.gossip.clone())));
+            for t in self.gossip.tombstones().keys() {
+                if !removed_before.contains(t) {
+                    out.push(Action::SendGossip(t.clone(), Box::new(self.gossip.clone())));
+                }
             }
             self.gossip_to_all(out);
         }
@@ -442,6 +467,30 @@ impl MembershipNode {
             if let Some(to) = self.unreachable_target() {
                 out.push(Action::SendGossip(to, Box::new(self.gossip.clone())));
             }
+        }
+    }
+
+    /// The wall-clock time now, in ms since the UNIX epoch.
+    fn wall_now(&self) -> u64 {
+        self.config.wall_clock_origin_ms.saturating_add(self.now)
+    }
+
+    /// The leader stamps new removals with the time and, at convergence (every member has
+    /// seen every tombstone), drops those older than `prune_tombstones_after`. If the leader
+    /// actions of this tick made a new version (`acted`), it is not sent yet, so the stamps
+    /// go into it; otherwise a change makes a version of its own.
+    fn settle_tombstones(&mut self, me: &UniqueAddress, acted: bool) {
+        if self.gossip.tombstones().is_empty() || self.gossip.leader(me).as_ref() != Some(me) {
+            return;
+        }
+        let now = self.wall_now();
+        let drop_before = if self.gossip.convergence(me) {
+            now.saturating_sub(millis(self.config.prune_tombstones_after))
+        } else {
+            0
+        };
+        if self.gossip.settle_tombstones(now, drop_before) && !acted {
+            self.gossip.touch(me);
         }
     }
 

@@ -73,6 +73,14 @@ pub struct ClusterConfig {
     /// Also shut the actor system down when this node leaves the cluster (left, downed,
     /// removed). Default `false`: the cluster layer and remoting stop, local actors go on.
     pub stop_system_on_exit: bool,
+    /// How long a removed incarnation (each restart, each leave, each downed node) is kept as
+    /// a tombstone in the gossip (default 24 h, Akka's `prune-gossip-tombstones-after`; at
+    /// least 1 s). While it is kept, no gossip, however stale, brings the incarnation back;
+    /// then the leader drops it at a convergence, so churn does not grow the gossip for good.
+    /// Removal times are wall-clock times: keep the nodes' clocks within a fraction of this
+    /// (a node whose clock is behind by more than half of it merges the tombstones back in
+    /// until its clock catches up).
+    pub prune_tombstones_after: Duration,
 }
 
 /// Why a [`ClusterConfig`] was refused.
@@ -121,6 +129,10 @@ pub enum ConfigError {
     /// A static quorum of zero.
     #[error("the static quorum size must be at least 1")]
     ZeroQuorum,
+    /// Tombstones kept for less than a second could let stale gossip bring a removed
+    /// incarnation back.
+    #[error("prune_tombstones_after ({0:?}) must be at least 1 s")]
+    TombstonesPrunedTooSoon(Duration),
     /// The remote layer's idle timeout would close connections between heartbeats.
     #[error("the remote idle_timeout ({idle:?}) must exceed heartbeat_interval ({heartbeat:?})")]
     IdleTimeoutTooShort {
@@ -159,6 +171,7 @@ impl ClusterConfig {
             downing: core.downing,
             weakly_up_after: core.weakly_up_after,
             stop_system_on_exit: false,
+            prune_tombstones_after: core.prune_tombstones_after,
         }
     }
 
@@ -315,6 +328,12 @@ impl ClusterConfig {
         self
     }
 
+    /// Sets how long removed incarnations are kept as tombstones (default 24 h).
+    pub fn prune_tombstones_after(mut self, d: Duration) -> Self {
+        self.prune_tombstones_after = d;
+        self
+    }
+
     /// Checks the settings; [`Cluster::start`](super::Cluster::start) does it too. The
     /// transport settings are checked by the remote layer when it starts.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -370,6 +389,11 @@ impl ClusterConfig {
                 heartbeat: self.heartbeat_interval,
             });
         }
+        if self.prune_tombstones_after < Duration::from_secs(1) {
+            return Err(ConfigError::TombstonesPrunedTooSoon(
+                self.prune_tombstones_after,
+            ));
+        }
         if self.monitored_by == 0 {
             return Err(ConfigError::NoMonitors);
         }
@@ -397,6 +421,7 @@ impl ClusterConfig {
         // Fenced after a silence the detector tolerates, i.e. before it can suspect anyone.
         c.fence_after = self.phi.acceptable_heartbeat_pause;
         c.weakly_up_after = self.weakly_up_after;
+        c.prune_tombstones_after = self.prune_tombstones_after;
         c
     }
 }
@@ -473,6 +498,16 @@ mod tests {
             Err(ConfigError::PauseShorterThanHeartbeat { .. })
         ));
         assert_eq!(c().monitored_by(0).validate(), Err(ConfigError::NoMonitors));
+        assert_eq!(
+            c().prune_tombstones_after(Duration::from_millis(999))
+                .validate()
+                .unwrap_err()
+                .to_string(),
+            "prune_tombstones_after (999ms) must be at least 1 s"
+        );
+        c().prune_tombstones_after(Duration::MAX)
+            .validate()
+            .unwrap();
         assert_eq!(
             c().downing_strategy(Strategy::StaticQuorum { quorum_size: 0 })
                 .validate(),

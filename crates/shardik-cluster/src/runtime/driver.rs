@@ -85,7 +85,12 @@ pub(crate) fn start(
         .filter(|s| **s != me.address)
         .cloned()
         .collect();
-    let node = MembershipNode::new(cfg.node_config(me.clone()));
+    let mut node_config = cfg.node_config(me.clone());
+    // Instant 0 of the node's times is `epoch` below, taken right after this.
+    node_config.wall_clock_origin_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let node = MembershipNode::new(node_config);
     let driver = Driver {
         system,
         remote,

@@ -358,7 +358,7 @@ pub fn overlaps(sim: &Sim, n: usize) -> Vec<(usize, usize)> {
                 && free(x)
                 && free(y)
                 && (sim.status(x, &uid(y, 1)) == Some(MemberStatus::Down)
-                    || sim.node(x).node.gossip().tombstones().contains(&uid(y, 1)))
+                    || sim.node(x).node.gossip().is_tombstoned(&uid(y, 1)))
         })
         .collect()
 }
