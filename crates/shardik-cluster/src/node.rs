@@ -343,8 +343,22 @@ impl MembershipNode {
             out.push(Action::SendGossip(from, Box::new(self.gossip.clone())));
             return;
         }
-        if self.gossip.member(&from).is_none() || remote.member(&from).is_none() {
-            return; // a node we do not know (yet), or another cluster
+        if self.gossip.member(&from).is_none() {
+            // A joiner that some member welcomed (its state holds this node, so it is of this
+            // cluster) before this node heard of it. Its join counts here too: the member
+            // that welcomed it may have crashed before telling anyone, and the joiner,
+            // a member in its own view, would never retry.
+            if let Some(m) = remote.member(&from) {
+                if matches!(m.status, MemberStatus::Joining | MemberStatus::WeaklyUp)
+                    && remote.member(&me).is_some()
+                {
+                    self.on_join(from, m.roles.clone(), out);
+                }
+            }
+            return; // otherwise a node we do not know (yet), or another cluster
+        }
+        if remote.member(&from).is_none() {
+            return; // another cluster
         }
         if remote.member(&me).is_none() && !remote.is_tombstoned(&me) {
             return; // the sender does not know us yet; it will

@@ -133,3 +133,27 @@ fn joiner_goes_weakly_up_without_convergence_then_up() {
         .iter()
         .any(|e| matches!(e, ClusterEvent::MemberUp(m) if m.node == uid(3, 1))));
 }
+
+/// A joiner welcomed by a seed that crashes before anyone else heard of the joiner: the
+/// joiner is a member in its own view only. The first member it gossips to takes that gossip
+/// as its join, so it comes up once the seed is downed (it used to be ignored as a stranger
+/// and, hearing nobody, ended up downing itself).
+#[test]
+fn a_joiner_whose_seed_crashes_right_after_the_welcome_still_comes_up() {
+    let (mut sim, _) = Sim::cluster(4);
+    // Node 2 welcomes the joiner but never gossips about it to the others.
+    sim.cut_gossip(&[2], &[0, 1, 3]);
+    sim.start_seeded(4, 1, &[2]);
+    sim.run_until(2_000, "welcomed", |s| {
+        s.node(4).node.gossip().member(&uid(4, 1)).is_some()
+    });
+    sim.crash(2);
+    for i in [0, 1, 3] {
+        assert!(sim.status(i, &uid(4, 1)).is_none(), "node {i} heard of it");
+    }
+    let live = [uid(0, 1), uid(1, 1), uid(3, 1), uid(4, 1)];
+    sim.run_until(20_000, "joiner up, crashed seed removed", |s| {
+        s.all_up(&[0, 1, 3, 4], &live)
+    });
+    assert!(sim.node(4).alive);
+}
