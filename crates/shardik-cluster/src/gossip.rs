@@ -417,11 +417,26 @@ impl Gossip {
     }
 
     /// `true` if both states hold the same members, reachability and tombstones (whatever
-    /// their versions and seen sets).
+    /// their versions, seen sets and removal times).
+    ///
+    /// Removal times are left out: a node that does not record them (an older release)
+    /// passes a state on with every time unknown, and a time is no reason for a new version.
+    /// [`Gossip::receive`] keeps the later of two times of one tombstone instead.
     pub fn same_content(&self, other: &Gossip) -> bool {
         self.members == other.members
             && self.reachability == other.reachability
-            && self.tombstones == other.tombstones
+            && self.tombstones.len() == other.tombstones.len()
+            && self.tombstones.keys().eq(other.tombstones.keys())
+    }
+
+    /// Keeps the later removal time of every tombstone both states hold (an unknown time, 0,
+    /// never replaces a known one). Not a change of content: no new version.
+    fn absorb_removal_times(&mut self, other: &Gossip) {
+        for (k, at) in &other.tombstones {
+            if let Some(mine) = self.tombstones.get_mut(k) {
+                *mine = (*mine).max(*at);
+            }
+        }
     }
 
     /// Takes in `remote` as `self_node` does: keeps the newer of both or merges concurrent
@@ -474,11 +489,16 @@ impl Gossip {
         let outcome = match self.version.compare(&remote.version) {
             Ordering::Same if !resurrects && self.same_content(remote) => {
                 self.seen.extend(remote.seen.iter().cloned());
+                self.absorb_removal_times(remote);
                 Received::Same
             }
-            Ordering::After if !resurrects => Received::Older,
+            Ordering::After if !resurrects => {
+                self.absorb_removal_times(remote);
+                Received::Older
+            }
             Ordering::Before if !resurrects => {
-                *self = remote.clone();
+                let mine = std::mem::replace(self, remote.clone());
+                self.absorb_removal_times(&mine);
                 Received::Newer
             }
             _ => {
@@ -861,6 +881,42 @@ mod tests {
         let mut unstamped = b.clone();
         unstamped.tombstones.insert(n(2), 0);
         assert_eq!(a.merge(&unstamped).tombstones()[&n(2)], 1_000);
+    }
+
+    /// A node of an older release passes states on without removal times. That is no change
+    /// of content: neither the same version nor a newer one it made loses the times, and no
+    /// version is made for them (a new version per round made every such exchange churn, and
+    /// the cluster never converged while the older node was a member).
+    #[test]
+    fn states_passed_on_without_removal_times_keep_them_and_make_no_version() {
+        let stamped = removed_at(1_000);
+        let mut from_old = stamped.clone();
+        for at in from_old.tombstones.values_mut() {
+            *at = 0;
+        }
+        let mut g = stamped.clone();
+        assert_eq!(g.receive(&from_old, &n(1)), Received::Same);
+        assert_eq!(g.version(), stamped.version());
+        assert_eq!(g.tombstones()[&n(2)], 1_000);
+        // A newer version the older node made (it flagged someone).
+        let mut newer = from_old.clone();
+        newer.reachability_mut().unreachable(&n(0), &n(1));
+        newer.touch(&n(0));
+        let mut g = stamped.clone();
+        assert_eq!(g.receive(&newer, &n(1)), Received::Newer);
+        assert_eq!(g.version(), newer.version());
+        assert_eq!(g.tombstones()[&n(2)], 1_000);
+        // An older one.
+        let mut g = newer.clone();
+        g.absorb_removal_times(&stamped);
+        let mut old_and_stamped = g.clone();
+        assert_eq!(old_and_stamped.receive(&from_old, &n(1)), Received::Older);
+        assert_eq!(old_and_stamped.tombstones()[&n(2)], 1_000);
+        // And the times that arrive are kept: the older node's state, once stamped here, is
+        // the same state.
+        let mut unstamped = from_old.clone();
+        assert_eq!(unstamped.receive(&stamped, &n(1)), Received::Same);
+        assert_eq!(unstamped.tombstones()[&n(2)], 1_000);
     }
 
     #[test]

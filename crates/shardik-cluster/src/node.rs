@@ -138,6 +138,13 @@ impl MembershipNode {
         }
     }
 
+    /// Sets the wall-clock time at instant 0 again (see
+    /// [`NodeConfig::wall_clock_origin_ms`]): the runtime does it on every tick, so that a
+    /// clock set or stepped while the node runs is followed.
+    pub fn set_wall_clock_origin(&mut self, origin_ms: u64) {
+        self.config.wall_clock_origin_ms = origin_ms;
+    }
+
     /// This node.
     pub fn self_node(&self) -> &UniqueAddress {
         &self.config.self_node

@@ -28,6 +28,12 @@ enum Op {
     Flag(u8, u8, bool),
     /// Replica `r` receives the gossip of replica `from`.
     Receive(u8, u8),
+    /// Replica `r` stamps its unstamped removals with time `t` (as a leader does), in a new
+    /// version if that changed anything.
+    Stamp(u8, u8),
+    /// Replica `r` loses every removal time, as a state passed on by a node of an older
+    /// release arrives (no new version).
+    Forget(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -35,6 +41,8 @@ fn op() -> impl Strategy<Value = Op> {
         (0..NODES, 0..NODES, 0u8..7).prop_map(|(r, m, s)| Op::Status(r, m, s)),
         (0..NODES, 0..NODES, any::<bool>()).prop_map(|(r, s, f)| Op::Flag(r, s, f)),
         (0..NODES, 0..NODES).prop_map(|(r, f)| Op::Receive(r, f)),
+        (0..NODES, 1u8..9).prop_map(|(r, t)| Op::Stamp(r, t)),
+        (0..NODES).prop_map(Op::Forget),
     ]
 }
 
@@ -72,6 +80,17 @@ fn run(ops: &[Op]) -> Vec<Gossip> {
                 }
                 let remote = reps[from as usize].clone();
                 reps[r as usize].receive(&remote, &n(r));
+            }
+            Op::Stamp(r, t) => {
+                let g = &mut reps[r as usize];
+                if g.member(&n(r)).is_some() && g.settle_tombstones(u64::from(t), 0) {
+                    g.touch(&n(r));
+                }
+            }
+            Op::Forget(r) => {
+                for at in reps[r as usize].tombstones.values_mut() {
+                    *at = 0;
+                }
             }
         }
     }

@@ -75,11 +75,13 @@ pub struct ClusterConfig {
     pub stop_system_on_exit: bool,
     /// How long a removed incarnation (each restart, each leave, each downed node) is kept as
     /// a tombstone in the gossip (default 24 h, Akka's `prune-gossip-tombstones-after`; at
-    /// least 1 s). While it is kept, no gossip, however stale, brings the incarnation back;
+    /// least 1 min). While it is kept, no gossip, however stale, brings the incarnation back;
     /// then the leader drops it at a convergence, so churn does not grow the gossip for good.
-    /// Removal times are wall-clock times: keep the nodes' clocks within a fraction of this
-    /// (a node whose clock is behind by more than half of it merges the tombstones back in
-    /// until its clock catches up).
+    /// Keep it far above the longest a gossip can be delayed: a state from before the
+    /// removal that arrives after the tombstone is gone can bring the incarnation back (see
+    /// `docs/cluster.md`, *Tuning*). Removal times are wall-clock times: keep the nodes'
+    /// clocks within a fraction of this (a node whose clock is behind the leader's by more
+    /// than half of it merges dropped tombstones back in until its clock catches up).
     pub prune_tombstones_after: Duration,
 }
 
@@ -129,9 +131,9 @@ pub enum ConfigError {
     /// A static quorum of zero.
     #[error("the static quorum size must be at least 1")]
     ZeroQuorum,
-    /// Tombstones kept for less than a second could let stale gossip bring a removed
-    /// incarnation back.
-    #[error("prune_tombstones_after ({0:?}) must be at least 1 s")]
+    /// Tombstones kept for less than a minute could let gossip that was merely delayed
+    /// bring a removed incarnation back.
+    #[error("prune_tombstones_after ({0:?}) must be at least 1 min")]
     TombstonesPrunedTooSoon(Duration),
     /// The remote layer's idle timeout would close connections between heartbeats.
     #[error("the remote idle_timeout ({idle:?}) must exceed heartbeat_interval ({heartbeat:?})")]
@@ -389,7 +391,7 @@ impl ClusterConfig {
                 heartbeat: self.heartbeat_interval,
             });
         }
-        if self.prune_tombstones_after < Duration::from_secs(1) {
+        if self.prune_tombstones_after < Duration::from_secs(60) {
             return Err(ConfigError::TombstonesPrunedTooSoon(
                 self.prune_tombstones_after,
             ));
@@ -499,11 +501,11 @@ mod tests {
         ));
         assert_eq!(c().monitored_by(0).validate(), Err(ConfigError::NoMonitors));
         assert_eq!(
-            c().prune_tombstones_after(Duration::from_millis(999))
+            c().prune_tombstones_after(Duration::from_secs(59))
                 .validate()
                 .unwrap_err()
                 .to_string(),
-            "prune_tombstones_after (999ms) must be at least 1 s"
+            "prune_tombstones_after (59s) must be at least 1 min"
         );
         c().prune_tombstones_after(Duration::MAX)
             .validate()

@@ -87,9 +87,7 @@ pub(crate) fn start(
         .collect();
     let mut node_config = cfg.node_config(me.clone());
     // Instant 0 of the node's times is `epoch` below, taken right after this.
-    node_config.wall_clock_origin_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    node_config.wall_clock_origin_ms = wall_clock_ms();
     let node = MembershipNode::new(node_config);
     let driver = Driver {
         system,
@@ -159,6 +157,10 @@ impl Driver {
                 }
                 _ = tick.tick() => {
                     let now = self.now();
+                    // Follows the wall clock if it is set or stepped while the node runs
+                    // (removal times in the gossip are wall-clock times).
+                    self.node
+                        .set_wall_clock_origin(wall_clock_ms().saturating_sub(now));
                     self.input(Input::Tick(now));
                     self.seed_tick(now);
                 }
@@ -476,4 +478,11 @@ fn log_event(me: &UniqueAddress, e: &ClusterEvent) {
             tracing::info!(node = %me, "no longer fenced: a majority is reachable again")
         }
     }
+}
+
+/// The wall clock, in ms since the UNIX epoch (0 if it is set before the epoch).
+fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
