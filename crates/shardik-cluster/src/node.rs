@@ -94,6 +94,8 @@ pub struct MembershipNode {
     config: NodeConfig,
     gossip: Gossip,
     detectors: BTreeMap<UniqueAddress, PhiAccrualDetector>,
+    /// Nodes that asked for this node's heartbeats, until when (see [`Input::WatchFrom`]).
+    watch_requests: BTreeMap<UniqueAddress, u64>,
     stability: StabilityTimer,
     now: u64,
     next_gossip: u64,
@@ -124,6 +126,7 @@ impl MembershipNode {
             config,
             gossip: Gossip::new(),
             detectors: BTreeMap::new(),
+            watch_requests: BTreeMap::new(),
             stability: StabilityTimer::new(),
             now: 0,
             next_gossip: 0,
@@ -200,19 +203,37 @@ impl MembershipNode {
             Input::Gossip(from, g) => self.on_gossip(from, *g, &mut out),
             Input::HeartbeatTick(now) => {
                 self.advance(now);
+                let now = self.now;
                 let nodes = self.ring_nodes();
+                // The watchers in this node's view, those that flagged it (only they can
+                // clear their flags), and those that asked: their view of the ring may differ.
+                self.watch_requests.retain(|_, until| *until > now);
                 for w in ring::watchers(self.self_node(), &nodes, self.config.monitored_by)
                     .into_iter()
                     .chain(self.gossip.reachability().observers_of(self.self_node()))
+                    .chain(self.watch_requests.keys().cloned())
                     .collect::<BTreeSet<_>>()
                 {
                     out.push(Action::SendHeartbeat(w));
+                }
+                for peer in self.detectors.keys() {
+                    out.push(Action::SendWatch(peer.clone()));
                 }
             }
             Input::HeartbeatFrom(from, now) => {
                 self.advance(now);
                 if let Some(d) = self.detectors.get_mut(&from) {
                     d.heartbeat(now);
+                }
+            }
+            Input::WatchFrom(from, now) => {
+                self.advance(now);
+                if from != *self.self_node() {
+                    // Renewed on every heartbeat tick of the watcher; kept for twice the
+                    // pause its detector accepts, so a late renewal never starves it.
+                    let keep = millis(self.config.phi.acceptable_heartbeat_pause).max(1);
+                    let until = self.now.saturating_add(keep.saturating_mul(2));
+                    self.watch_requests.insert(from, until);
                 }
             }
             Input::Join(node, roles) => self.on_join(node, roles, &mut out),

@@ -157,3 +157,38 @@ fn a_joiner_whose_seed_crashes_right_after_the_welcome_still_comes_up() {
     });
     assert!(sim.node(4).alive);
 }
+
+/// A joiner watches its peers from the welcome on, before they have heard of it. Heartbeats
+/// go to the watchers in the sender's view, so the joiner asks for them: it never flags a
+/// healthy peer while the news of its join spreads (it flagged them after about 2 s, which
+/// held up its move to `Up` until they heard of it).
+#[test]
+fn a_joiner_does_not_flag_peers_that_have_not_heard_of_it_yet() {
+    let (mut sim, _) = Sim::cluster(4);
+    // For 5 s, only node 2 knows of the joiner.
+    sim.cut_gossip(&[2, 4], &[0, 1, 3]);
+    sim.start_seeded(4, 1, &[2]);
+    let me = uid(4, 1);
+    let end = sim.now + 5_000;
+    while sim.now < end {
+        sim.step();
+        let g = sim.node(4).node.gossip();
+        for peer in [0, 1, 3] {
+            assert!(
+                !g.reachability().is_unreachable_by(&me, &uid(peer, 1)),
+                "the joiner flagged node {peer} at {} ms",
+                sim.now
+            );
+            if g.member(&me).is_some() {
+                assert!(sim.status(peer, &me).is_none(), "node {peer} heard of it");
+            }
+        }
+    }
+    assert!(
+        sim.node(4).node.gossip().member(&me).is_some(),
+        "not welcomed"
+    );
+    sim.heal();
+    let all = [uid(0, 1), uid(1, 1), uid(2, 1), uid(3, 1), me];
+    sim.run_until(10_000, "joiner up", |s| s.all_up(&[0, 1, 2, 3, 4], &all));
+}

@@ -223,6 +223,10 @@ impl Driver {
                 }
                 self.input(Input::HeartbeatFrom(from, t));
             }
+            Body::Watch => {
+                let t = self.at(at);
+                self.input(Input::WatchFrom(from, t));
+            }
             Body::Join { roles } => self.input(Input::Join(from, roles)),
             Body::InitJoin => {
                 let member = matches!(
@@ -327,6 +331,7 @@ impl Driver {
                 Action::SendHeartbeat(to) => {
                     self.send(&to.address, Some(to.incarnation), Body::Heartbeat)
                 }
+                Action::SendWatch(to) => self.send(&to.address, Some(to.incarnation), Body::Watch),
                 Action::SendJoin(addr) => {
                     let roles = self.cfg.roles.clone();
                     self.send(&addr, None, Body::Join { roles })

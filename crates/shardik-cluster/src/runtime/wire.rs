@@ -28,6 +28,9 @@ pub(crate) enum Body {
     Gossip(Box<Gossip>),
     /// The sender is alive (to the nodes that monitor it).
     Heartbeat,
+    /// The sender monitors the recipient: please send it heartbeats (renewed on every
+    /// heartbeat tick), whatever the recipient's view of the ring.
+    Watch,
     /// Please add the sender as a joining member.
     Join { roles: BTreeSet<String> },
     /// Are you a member of a cluster? (seed node discovery)

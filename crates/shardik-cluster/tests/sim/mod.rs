@@ -19,6 +19,7 @@ pub const HEARTBEAT: u64 = 500;
 pub enum Msg {
     Gossip(Box<Gossip>),
     Heartbeat,
+    Watch,
     Join(BTreeSet<String>),
 }
 
@@ -223,6 +224,9 @@ impl Sim {
                     self.in_flight
                         .push((from.clone(), to.address, Msg::Heartbeat))
                 }
+                Action::SendWatch(to) => {
+                    self.in_flight.push((from.clone(), to.address, Msg::Watch))
+                }
                 Action::SendJoin(to) => {
                     let roles = self.nodes[a]
                         .node
@@ -257,7 +261,7 @@ impl Sim {
             if self.cuts.contains(&key) || self.random_drop() {
                 continue;
             }
-            if matches!(msg, Msg::Heartbeat) && self.hb_cuts.contains(&key) {
+            if matches!(msg, Msg::Heartbeat | Msg::Watch) && self.hb_cuts.contains(&key) {
                 continue;
             }
             if matches!(msg, Msg::Gossip(_)) && self.gossip_cuts.contains(&key) {
@@ -271,6 +275,7 @@ impl Sim {
                     Input::Gossip(from, g)
                 }
                 Msg::Heartbeat => Input::HeartbeatFrom(from, now),
+                Msg::Watch => Input::WatchFrom(from, now),
                 Msg::Join(roles) => Input::Join(from, roles),
             };
             self.input(&to, input);
