@@ -48,14 +48,15 @@
 //! [`handle`](node::MembershipNode::handle) with:
 //! - `Input::Tick(now)` every 50-100 ms (gossip rounds, reachability, leader actions, downing);
 //! - `Input::HeartbeatTick(now)` every heartbeat interval (500 ms by default);
-//! - `Input::Gossip`, `Input::HeartbeatFrom`, `Input::Join` as frames arrive;
+//! - `Input::Gossip`, `Input::HeartbeatFrom`, `Input::WatchFrom`, `Input::Join` as frames
+//!   arrive;
 //! - `Input::JoinSeeds(seeds)` at start on every node with the same ordered seed list (or
 //!   `Input::Join(self, roles)` to form a cluster right away, when the IO layer decided so
 //!   itself); `Input::Leave` and `Input::Down` from the API.
 //!
-//! and carries out each returned action: send the gossip or heartbeat (heartbeats on the
-//! control lane, so user traffic cannot starve them), send a join request, publish the event,
-//! or stop the node.
+//! and carries out each returned action: send the gossip, heartbeat or heartbeat request
+//! (heartbeats and requests on the control lane, so user traffic cannot starve them), send a
+//! join request, publish the event, or stop the node.
 //!
 //! ```
 //! use std::collections::BTreeSet;

@@ -216,8 +216,15 @@ impl MembershipNode {
                 {
                     out.push(Action::SendHeartbeat(w));
                 }
+                let joining = matches!(
+                    self.status(),
+                    Some(MemberStatus::Joining | MemberStatus::WeaklyUp)
+                );
                 for peer in self.detectors.keys() {
-                    out.push(Action::SendWatch(peer.clone()));
+                    out.push(Action::SendWatch {
+                        to: peer.clone(),
+                        joining,
+                    });
                 }
             }
             Input::HeartbeatFrom(from, now) => {
@@ -226,9 +233,17 @@ impl MembershipNode {
                     d.heartbeat(now);
                 }
             }
-            Input::WatchFrom(from, now) => {
-                self.advance(now);
-                if from != *self.self_node() {
+            Input::WatchFrom { from, joining, at } => {
+                self.advance(at);
+                // From a member this node holds live, or from a joiner it may not know of
+                // yet. Not from a downed or removed incarnation, nor from a stranger that
+                // takes itself for a member (one removed long ago, whose tombstone is gone):
+                // heartbeats would clear its flags and keep it from downing itself.
+                let asks = match self.gossip.member(&from) {
+                    Some(m) => m.status != MemberStatus::Down,
+                    None => joining && !self.gossip.is_tombstoned(&from),
+                };
+                if asks && from != *self.self_node() {
                     // Renewed on every heartbeat tick of the watcher; kept for twice the
                     // pause its detector accepts, so a late renewal never starves it.
                     let keep = millis(self.config.phi.acceptable_heartbeat_pause).max(1);
@@ -379,6 +394,7 @@ impl MembershipNode {
             if let Some(m) = remote.member(&from) {
                 if matches!(m.status, MemberStatus::Joining | MemberStatus::WeaklyUp)
                     && remote.member(&me).is_some()
+                    && self.may_join_by_gossip(&from, &remote)
                 {
                     self.on_join(from, m.roles.clone(), out);
                 }
@@ -510,6 +526,26 @@ impl MembershipNode {
                 out.push(Action::SendGossip(to, Box::new(self.gossip.clone())));
             }
         }
+    }
+
+    /// Whether a joiner that this node only knows from its gossip may join through it. Less
+    /// than a join request does: never in place of a live earlier incarnation of it (a
+    /// join marks that one `Down`; a request comes from a process that starts, a gossip may
+    /// come from an older process still running), and only with a state that holds no
+    /// member this node knows nothing of (a joiner that slept past the removal of members
+    /// and the pruning of their tombstones would bring them back).
+    fn may_join_by_gossip(&self, joiner: &UniqueAddress, state: &Gossip) -> bool {
+        let replaces_a_live_one = self.gossip.members().any(|m| {
+            m.node != *joiner
+                && (m.node.address == joiner.address || m.node.node_id == joiner.node_id)
+                && m.status != MemberStatus::Down
+        });
+        let strangers = state.members().any(|m| {
+            m.node != *joiner
+                && self.gossip.member(&m.node).is_none()
+                && !self.gossip.is_tombstoned(&m.node)
+        });
+        !replaces_a_live_one && !strangers
     }
 
     /// The wall-clock time now, in ms since the UNIX epoch.

@@ -15,9 +15,17 @@ pub enum Input {
     HeartbeatTick(u64),
     /// A heartbeat arrived from a node at the given instant.
     HeartbeatFrom(UniqueAddress, u64),
-    /// A node that monitors this one asked for its heartbeats, at the given instant (it asks
-    /// on every heartbeat tick; see [`Action::SendWatch`]).
-    WatchFrom(UniqueAddress, u64),
+    /// A node that monitors this one asked for its heartbeats (it asks on every heartbeat
+    /// tick; see [`Action::SendWatch`]).
+    WatchFrom {
+        /// The node that asks.
+        from: UniqueAddress,
+        /// It is `Joining` or `WeaklyUp` in its own view (a joiner that this node may not
+        /// know of yet).
+        joining: bool,
+        /// When the request arrived.
+        at: u64,
+    },
     /// A join request arrived from a node, with its roles. Sent to itself, it forms a new
     /// cluster.
     Join(UniqueAddress, BTreeSet<String>),
@@ -45,7 +53,12 @@ pub enum Action {
     /// Ask a node this one monitors to send it heartbeats (on the control lane). Heartbeats
     /// go to the watchers in the sender's view of the ring; while the two views differ (a
     /// joiner right after its welcome, a ring that shifted), the request keeps them coming.
-    SendWatch(UniqueAddress),
+    SendWatch {
+        /// The peer watched.
+        to: UniqueAddress,
+        /// This node is `Joining` or `WeaklyUp` in its own view.
+        joining: bool,
+    },
     /// Send a join request with this node's roles to the node at an address.
     SendJoin(String),
     /// Publish an event to subscribers.

@@ -2,9 +2,12 @@
 
 mod sim;
 
+use std::collections::BTreeSet;
+use std::time::Duration;
+
 use shardik_cluster::events::ClusterEvent;
-use shardik_cluster::member::MemberStatus;
-use sim::{uid, Sim};
+use shardik_cluster::member::{MemberStatus, UniqueAddress};
+use sim::{addr, uid, Sim};
 
 #[test]
 fn five_nodes_join_and_all_are_up() {
@@ -191,4 +194,75 @@ fn a_joiner_does_not_flag_peers_that_have_not_heard_of_it_yet() {
     sim.heal();
     let all = [uid(0, 1), uid(1, 1), uid(2, 1), uid(3, 1), me];
     sim.run_until(10_000, "joiner up", |s| s.all_up(&[0, 1, 2, 3, 4], &all));
+}
+
+/// A joiner only known from its gossip joins through it with less than a join request: never
+/// in place of a live process with its node id (a join marks that one `Down`), and never
+/// with a state holding members this node knows nothing of.
+#[test]
+fn a_joiner_known_only_from_its_gossip_joins_only_with_a_harmless_state() {
+    let (mut sim, _) = Sim::cluster(4);
+    let live: Vec<UniqueAddress> = (0..4).map(|i| uid(i, 1)).collect();
+    // What a joiner's state would be right after a welcome from node 1.
+    let welcomed = |sim: &Sim, joiner: &UniqueAddress, extra: Option<&UniqueAddress>| {
+        let mut g = sim.node(1).node.gossip().clone();
+        g.add_joining(joiner.clone(), BTreeSet::new()).unwrap();
+        if let Some(x) = extra {
+            g.add_joining(x.clone(), BTreeSet::new()).unwrap();
+        }
+        g.touch(&uid(1, 1));
+        g
+    };
+    // An older process with node 3's node id, elsewhere: node 3 stays up.
+    let older = UniqueAddress::new(addr(9), "n3", 7);
+    let g = welcomed(&sim, &older, None);
+    sim.inject_gossip(older.clone(), 0, g);
+    sim.run_for(3_000);
+    assert!(sim.status(0, &older).is_none());
+    assert!(sim.all_up(&[0, 1, 2, 3], &live));
+    // A state with a member nobody here knows of.
+    let joiner = uid(5, 1);
+    let g = welcomed(&sim, &joiner, Some(&uid(6, 1)));
+    sim.inject_gossip(joiner.clone(), 0, g);
+    sim.run_for(3_000);
+    assert!(sim.status(0, &joiner).is_none());
+    assert!(sim.status(0, &uid(6, 1)).is_none());
+    assert!(sim.all_up(&[0, 1, 2, 3], &live));
+    // The same joiner with a state of known members only is taken in.
+    let g = welcomed(&sim, &joiner, None);
+    sim.inject_gossip(joiner.clone(), 0, g);
+    sim.step();
+    assert_eq!(sim.status(0, &joiner), Some(MemberStatus::Joining));
+}
+
+/// A node paused for longer than its tombstone lives (downed, removed and forgotten
+/// meanwhile) wakes up as a member in its own view that nobody knows. Its requests for
+/// heartbeats are not answered (it does not say it is joining), so its resolver sees
+/// nobody and it downs itself instead of staying fenced for good.
+#[test]
+fn a_node_removed_and_forgotten_while_paused_downs_itself_when_it_wakes() {
+    let mut sim = Sim::new();
+    let config = |i: usize| {
+        let mut c = Sim::config(uid(i, 1));
+        c.prune_tombstones_after = Duration::from_secs(20);
+        c
+    };
+    for i in 0..4 {
+        sim.start_with(config(i));
+    }
+    let all: Vec<UniqueAddress> = (0..4).map(|i| uid(i, 1)).collect();
+    sim.run_until(20_000, "cluster up", |s| s.all_up(&[0, 1, 2, 3], &all));
+    // Pause node 3 (no ticks, nothing delivered) until it is removed and forgotten.
+    sim.nodes.get_mut(&addr(3)).unwrap().alive = false;
+    sim.run_until(60_000, "node 3 removed and forgotten", |s| {
+        (0..3).all(|i| {
+            let g = s.node(i).node.gossip();
+            g.member(&uid(3, 1)).is_none() && !g.is_tombstoned(&uid(3, 1))
+        })
+    });
+    sim.nodes.get_mut(&addr(3)).unwrap().alive = true;
+    sim.run_until(20_000, "node 3 downed itself", |s| {
+        s.node(3).node.is_shut_down()
+    });
+    assert!(sim.all_up(&[0, 1, 2], &all[..3]));
 }

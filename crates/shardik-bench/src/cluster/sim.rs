@@ -41,10 +41,18 @@ pub fn converge_ms(n: usize, cfg: &ClusterConfig) -> u64 {
                 Action::SendHeartbeat(to) => {
                     (to.address, Input::HeartbeatFrom(ids[from].clone(), now))
                 }
+                Action::SendWatch { to, joining } => (
+                    to.address,
+                    Input::WatchFrom {
+                        from: ids[from].clone(),
+                        joining,
+                        at: now,
+                    },
+                ),
                 Action::SendJoin(addr) => {
                     (addr, Input::Join(ids[from].clone(), Default::default()))
                 }
-                _ => continue,
+                Action::Event(_) | Action::ShutdownSelf => continue,
             };
             if let Some(t) = index(&to) {
                 queue.extend(nodes[t].handle(input).into_iter().map(|a| (t, a)));

@@ -223,9 +223,9 @@ impl Driver {
                 }
                 self.input(Input::HeartbeatFrom(from, t));
             }
-            Body::Watch => {
-                let t = self.at(at);
-                self.input(Input::WatchFrom(from, t));
+            Body::Watch { joining } => {
+                let at = self.at(at);
+                self.input(Input::WatchFrom { from, joining, at });
             }
             Body::Join { roles } => self.input(Input::Join(from, roles)),
             Body::InitJoin => {
@@ -331,7 +331,9 @@ impl Driver {
                 Action::SendHeartbeat(to) => {
                     self.send(&to.address, Some(to.incarnation), Body::Heartbeat)
                 }
-                Action::SendWatch(to) => self.send(&to.address, Some(to.incarnation), Body::Watch),
+                Action::SendWatch { to, joining } => {
+                    self.send(&to.address, Some(to.incarnation), Body::Watch { joining })
+                }
                 Action::SendJoin(addr) => {
                     let roles = self.cfg.roles.clone();
                     self.send(&addr, None, Body::Join { roles })

@@ -29,8 +29,9 @@ pub(crate) enum Body {
     /// The sender is alive (to the nodes that monitor it).
     Heartbeat,
     /// The sender monitors the recipient: please send it heartbeats (renewed on every
-    /// heartbeat tick), whatever the recipient's view of the ring.
-    Watch,
+    /// heartbeat tick), whatever the recipient's view of the ring. `joining`: the sender is
+    /// `Joining` or `WeaklyUp` in its own view.
+    Watch { joining: bool },
     /// Please add the sender as a joining member.
     Join { roles: BTreeSet<String> },
     /// Are you a member of a cluster? (seed node discovery)

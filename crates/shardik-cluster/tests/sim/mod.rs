@@ -19,7 +19,7 @@ pub const HEARTBEAT: u64 = 500;
 pub enum Msg {
     Gossip(Box<Gossip>),
     Heartbeat,
-    Watch,
+    Watch(bool),
     Join(BTreeSet<String>),
 }
 
@@ -224,8 +224,9 @@ impl Sim {
                     self.in_flight
                         .push((from.clone(), to.address, Msg::Heartbeat))
                 }
-                Action::SendWatch(to) => {
-                    self.in_flight.push((from.clone(), to.address, Msg::Watch))
+                Action::SendWatch { to, joining } => {
+                    self.in_flight
+                        .push((from.clone(), to.address, Msg::Watch(joining)))
                 }
                 Action::SendJoin(to) => {
                     let roles = self.nodes[a]
@@ -261,7 +262,7 @@ impl Sim {
             if self.cuts.contains(&key) || self.random_drop() {
                 continue;
             }
-            if matches!(msg, Msg::Heartbeat | Msg::Watch) && self.hb_cuts.contains(&key) {
+            if matches!(msg, Msg::Heartbeat | Msg::Watch(_)) && self.hb_cuts.contains(&key) {
                 continue;
             }
             if matches!(msg, Msg::Gossip(_)) && self.gossip_cuts.contains(&key) {
@@ -275,7 +276,11 @@ impl Sim {
                     Input::Gossip(from, g)
                 }
                 Msg::Heartbeat => Input::HeartbeatFrom(from, now),
-                Msg::Watch => Input::WatchFrom(from, now),
+                Msg::Watch(joining) => Input::WatchFrom {
+                    from,
+                    joining,
+                    at: now,
+                },
                 Msg::Join(roles) => Input::Join(from, roles),
             };
             self.input(&to, input);
