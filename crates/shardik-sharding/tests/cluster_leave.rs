@@ -53,8 +53,9 @@ async fn leave(leaver: usize) -> Vec<Node> {
             .is_some_and(|j| j.len() > 50)
     })
     .await;
-    let reason = nodes[leaver].sharding.leave(Duration::from_secs(20)).await;
-    assert_eq!(reason, StopReason::Left);
+    let left = nodes[leaver].sharding.leave(Duration::from_secs(20)).await;
+    assert_eq!(left.reason, StopReason::Left);
+    assert!(left.handed_off(), "{left:?}");
     assert!(
         nodes[leaver].hosted().is_empty(),
         "{name} hosts nothing after leaving"
@@ -91,6 +92,64 @@ async fn leave(leaver: usize) -> Vec<Node> {
     }
     reg.assert_single_writer();
     nodes
+}
+
+/// A leave whose hand-offs cannot complete in time (an entity of the leaver is in a message
+/// for longer) stops what is left and waits for it before the node leaves: the shard starts
+/// elsewhere only once the node is gone, never beside the busy incarnation (it used to leave
+/// at once, and the new home ran the entity while the old one was still in its message). The
+/// result names the shards it did not hand off; every entity answers afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_out_of_time_stops_what_is_left_before_leaving_and_names_it() {
+    let reg = Arc::new(Registry::default());
+    let nodes = cluster_of(3, 12, &reg).await;
+    let ids: Vec<String> = (0..ENTITIES).map(|i| format!("e{i}")).collect();
+    for id in &ids {
+        where_is(&nodes[0], id).await;
+    }
+    let hosted = nodes[2].hosted();
+    let mut busy = None;
+    for id in &ids {
+        if where_is(&nodes[0], id).await == "n2" {
+            busy = Some(id.clone());
+            break;
+        }
+    }
+    let busy = busy.expect("n2 hosts some entity");
+    nodes[2].region.tell(
+        &busy,
+        Msg::Slow {
+            sender: 0,
+            seq: 0,
+            ms: 2_000,
+        },
+    );
+    poll("the entity is busy", Duration::from_secs(10), || {
+        reg.slow_started.lock().contains(&busy)
+    })
+    .await;
+    // Its shard cannot be handed off before the entity has stopped, after that message.
+    let left = nodes[2].sharding.leave(Duration::from_millis(300)).await;
+    assert_eq!(left.reason, StopReason::Left);
+    assert!(!left.handed_off());
+    assert_eq!(left.not_handed_off.len(), 1, "{left:?}");
+    let shards = &left.not_handed_off[TYPE];
+    assert!(
+        shards.contains(&nodes[0].region.shard_of(&busy)),
+        "{left:?}"
+    );
+    assert!(shards.is_subset(&hosted), "{left:?}");
+    let gone = nodes[2].id().clone();
+    wait_state(&nodes[0].cluster, "n2 removed", |s| {
+        s.member(&gone).is_none()
+    })
+    .await;
+    region_dropped(&nodes[0], "n2").await;
+    for id in &ids {
+        assert_ne!(where_is(&nodes[1], id).await, "n2");
+    }
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
 }
 
 /// A node that leaves with a plain `Cluster::leave` (no hand-off first) under a stream: the

@@ -79,7 +79,7 @@ mod wire;
 
 pub use coordinator::CoordinatorSnapshot;
 pub use settings::{ClusterShardingSettings, RememberedStart};
-pub use sharding::ClusterSharding;
+pub use sharding::{ClusterSharding, Left};
 pub use state_store::{
     replaces, RecordKey, ShardingRecord, ShardingStateStore, StateStoreError, StateStoreFuture,
 };

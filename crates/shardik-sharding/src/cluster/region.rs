@@ -110,6 +110,9 @@ pub(crate) struct ClusterRegion<M> {
     coordinator: mpsc::UnboundedSender<CoordEvent>,
     stopped: AtomicBool,
     joined: AtomicBool,
+    /// The node's graceful leave ran out of time: the region holds itself fenced (see
+    /// [`hold_for_leave`](Self::hold_for_leave)) until the node is gone.
+    held_for_leave: AtomicBool,
     leave_complete: watch::Sender<bool>,
     registration: watch::Sender<Registration>,
     placement: RegionRole,
@@ -219,6 +222,7 @@ where
             coordinator,
             stopped: AtomicBool::new(false),
             joined: AtomicBool::new(false),
+            held_for_leave: AtomicBool::new(false),
             leave_complete: watch::channel(false).0,
             registration: watch::channel(Registration::Pending).0,
             placement,
@@ -317,6 +321,16 @@ where
     /// Whether the coordinator told this region that all its shards are handed off.
     pub(crate) fn leave_complete(&self) -> watch::Receiver<bool> {
         self.leave_complete.subscribe()
+    }
+
+    /// The node's graceful leave ran out of time before every shard was handed off: stop
+    /// hosting as a fenced node does, for good. The entities of every shard still here stop
+    /// as soon as their current message is done and messages for them are held (dead letters
+    /// once the node is gone), so that, once [`hosted_shards`](Self::hosted_shards) is
+    /// empty, no incarnation runs here when the shards start elsewhere after the node left.
+    pub(crate) fn hold_for_leave(&self) {
+        self.held_for_leave.store(true, Ordering::SeqCst);
+        self.on_fence(true);
     }
 
     /// Asks the coordinator to hand off every shard of this region.
@@ -745,7 +759,7 @@ where
             self.node_stopped();
             return;
         }
-        self.on_fence(state.fenced);
+        self.on_fence(state.fenced || self.held_for_leave.load(Ordering::SeqCst));
         let role = self.placement.role.as_deref();
         let dir = &self.placement.directory;
         // The region's proxy flag depends on this node's roles: wait until it is a member.
@@ -823,8 +837,12 @@ where
             (true, false) => {
                 g.fenced = Some(Vec::new());
                 let hosted = g.state.hosted_shards();
-                metrics::counter!("shardik_sharding_fenced_total", "entity_type" => self.type_name.clone()).increment(1);
-                tracing::warn!(entity_type = %self.type_name, shards = hosted.len(), "node fenced: stopping the entities of every hosted shard");
+                if self.held_for_leave.load(Ordering::SeqCst) {
+                    tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "leave out of time: stopping the entities of every shard still here");
+                } else {
+                    metrics::counter!("shardik_sharding_fenced_total", "entity_type" => self.type_name.clone()).increment(1);
+                    tracing::warn!(entity_type = %self.type_name, shards = hosted.len(), "node fenced: stopping the entities of every hosted shard");
+                }
                 for shard in hosted {
                     if let Some(r) = &self.placement.remember {
                         r.shard_stopped(shard);

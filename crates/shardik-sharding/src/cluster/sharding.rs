@@ -1,7 +1,7 @@
 //! [`ClusterSharding`]: the cluster sharding extension of one cluster node.
 
 use std::any::Any;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,7 @@ trait StartedType: Send + Sync {
     fn hosted_shards(&self) -> BTreeSet<ShardId>;
     fn coordinator(&self) -> Option<CoordinatorSnapshot>;
     fn request_leave(&self);
+    fn hold_for_leave(&self);
     fn leave_complete(&self) -> watch::Receiver<bool>;
     fn registration(&self) -> watch::Receiver<Registration>;
     fn shard_count(&self) -> u32;
@@ -64,6 +65,9 @@ where
     }
     fn request_leave(&self) {
         self.region.request_leave();
+    }
+    fn hold_for_leave(&self) {
+        self.region.hold_for_leave();
     }
     fn leave_complete(&self) -> watch::Receiver<bool> {
         self.region.leave_complete()
@@ -506,12 +510,35 @@ impl ClusterSharding {
     /// Leaves the cluster gracefully: first every entity type started here hands all its shards
     /// off to other nodes (each shard's entities stop here before they start there, and
     /// messages sent meanwhile are buffered and delivered there), then the node leaves the
-    /// membership ([`Cluster::leave`]). Waits up to `handoff_timeout` for the hand-offs; after
-    /// that the node leaves anyway (shards not handed off are reallocated once it is gone).
-    pub async fn leave(&self, handoff_timeout: Duration) -> StopReason {
-        let types: Vec<Arc<dyn StartedType>> = self.inner.types.lock().values().cloned().collect();
+    /// membership ([`Cluster::leave`]).
+    ///
+    /// Waits up to `handoff_timeout` for the hand-offs. After that, the entities of the
+    /// shards still here stop as soon as their current message is done, messages for them
+    /// are dead letters, and the node leaves once none of them runs (an entity in a handler
+    /// that never returns holds the leave, which logs it every 5 s): the shards are
+    /// reallocated once the node is gone, and never while an incarnation still runs here.
+    /// The result names those shards.
+    ///
+    /// ```no_run
+    /// # async fn example(sharding: shardik_sharding::cluster::ClusterSharding) {
+    /// use std::time::Duration;
+    ///
+    /// let left = sharding.leave(Duration::from_secs(30)).await;
+    /// if !left.handed_off() {
+    ///     eprintln!("left without handing off {:?}", left.not_handed_off);
+    /// }
+    /// # }
+    /// ```
+    pub async fn leave(&self, handoff_timeout: Duration) -> Left {
+        let types: Vec<(String, Arc<dyn StartedType>)> = self
+            .inner
+            .types
+            .lock()
+            .iter()
+            .map(|(name, t)| (name.clone(), t.clone()))
+            .collect();
         let all = async {
-            for t in &types {
+            for (_, t) in &types {
                 let mut done = t.leave_complete();
                 loop {
                     if *done.borrow() {
@@ -523,10 +550,52 @@ impl ClusterSharding {
                 }
             }
         };
+        let mut not_handed_off = BTreeMap::new();
         if tokio::time::timeout(handoff_timeout, all).await.is_err() {
-            tracing::warn!("cluster sharding: hand-offs not complete before leaving");
+            for (name, t) in &types {
+                if !*t.leave_complete().borrow() {
+                    let shards = t.hosted_shards();
+                    tracing::warn!(
+                        entity_type = %name,
+                        shards = shards.len(),
+                        timeout = ?handoff_timeout,
+                        "cluster sharding: hand-off time is up; the entities of the shards \
+                         still here stop after their current message, then the node leaves \
+                         and the shards are reallocated"
+                    );
+                    t.hold_for_leave();
+                    not_handed_off.insert(name.clone(), shards);
+                }
+            }
+            // Leaving while an incarnation still runs here would let the shard's next home
+            // start a second one.
+            let started = Instant::now();
+            let mut next_log = Duration::from_secs(5);
+            loop {
+                let running: Vec<(&str, usize)> = types
+                    .iter()
+                    .map(|(name, t)| (name.as_str(), t.hosted_shards().len()))
+                    .filter(|(_, n)| *n > 0)
+                    .collect();
+                if running.is_empty() {
+                    break;
+                }
+                if started.elapsed() >= next_log {
+                    next_log += Duration::from_secs(5);
+                    tracing::warn!(
+                        waited = ?started.elapsed(),
+                        "cluster sharding: the leave waits for entities still in a message \
+                         (entity type, shards): {running:?}"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
-        self.inner.cluster.leave().await
+        let reason = self.inner.cluster.leave().await;
+        Left {
+            reason,
+            not_handed_off,
+        }
     }
 }
 
@@ -543,5 +612,26 @@ pub(super) fn refusal(type_name: &str, this_node: u32, e: RegisterError) -> Shar
             name: type_name.to_string(),
             reason: other.to_string(),
         },
+    }
+}
+
+/// What [`ClusterSharding::leave`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Left {
+    /// Why the node's cluster layer stopped: [`StopReason::Left`] after a graceful leave.
+    pub reason: StopReason,
+    /// The entity types whose hand-offs had not completed within the timeout, each with the
+    /// shards this node still hosted then (possibly none: the hand-off of the last ones may
+    /// have been just short of its acknowledgement). Their entities stopped here after their
+    /// current message, before the node left; what they had not handled, and what was sent to
+    /// them meanwhile, became dead letters. The shards are reallocated once the node is gone.
+    /// Empty after a complete hand-off.
+    pub not_handed_off: BTreeMap<String, BTreeSet<ShardId>>,
+}
+
+impl Left {
+    /// `true` if every entity type handed all its shards off before the node left.
+    pub fn handed_off(&self) -> bool {
+        self.not_handed_off.is_empty()
     }
 }

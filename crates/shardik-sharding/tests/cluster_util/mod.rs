@@ -54,6 +54,8 @@ pub struct Registry {
     /// Per id: the fencing token each incarnation was started with (same order as `homes`).
     pub tokens: Mutex<HashMap<String, Vec<Option<FencingToken>>>>,
     pub adds: AtomicUsize,
+    /// Ids whose entity has started working on a `Slow` message.
+    pub slow_started: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Registry {
@@ -169,6 +171,7 @@ impl Actor for Probe {
         match msg {
             Msg::Add { sender, seq } | Msg::Slow { sender, seq, .. } => {
                 if let Msg::Slow { ms, .. } = msg {
+                    self.reg.slow_started.lock().insert(self.id.clone());
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                 }
                 self.got.push((sender, seq));
