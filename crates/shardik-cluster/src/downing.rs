@@ -318,7 +318,7 @@ impl Picture {
             let rest: BTreeSet<UniqueAddress> =
                 self.cover.difference(&self.cover_lost).cloned().collect();
             let against = Sides::new(gossip, self_node, &self.cover_lost, &rest);
-            match decide_kind(&against, config) {
+            match decide_kind(&against, &[], config) {
                 DecisionKind::DownUnreachable => (DecisionKind::DownUnreachable, BTreeSet::new()),
                 DecisionKind::DownReachable => {
                     (DecisionKind::DownReachable, pick(&against.reachable))
@@ -332,7 +332,28 @@ impl Picture {
                 ),
             }
         } else {
-            let kind = decide_kind(&sides, config);
+            // Ends of broken links that every member of this side flags while their own
+            // flags, as this side holds them, are on members of the other side too: cut off
+            // from both sides, which no split into two sides gives, so their flags are stale
+            // (a partition healed too briefly for their clearing to spread). The other side
+            // may hold their newer flags, in which they are not ends but its members, and
+            // count them: left out here, they turned that side's majority into a tie this
+            // side won, while that side, reading stale flags of this side's members the same
+            // way, won too.
+            let flags = |o: &UniqueAddress, s: &UniqueAddress| {
+                gossip.reachability().is_unreachable_by(o, s)
+            };
+            let beyond: Vec<&Member> = if sides.reachable.is_empty() {
+                Vec::new()
+            } else {
+                gossip
+                    .members()
+                    .filter(|m| m.status != MemberStatus::Down && self.cover.contains(&m.node))
+                    .filter(|m| sides.reachable.iter().all(|r| flags(&r.node, &m.node)))
+                    .filter(|m| sides.unreachable.iter().any(|u| flags(&m.node, &u.node)))
+                    .collect()
+            };
+            let kind = decide_kind(&sides, &beyond, config);
             let down = match kind {
                 DecisionKind::DownUnreachable => pick(&sides.unreachable),
                 DecisionKind::DownReachable => pick(&sides.reachable),
@@ -418,7 +439,9 @@ fn cover(
     out
 }
 
-fn decide_kind(sides: &Sides<'_>, config: &DowningConfig) -> DecisionKind {
+/// The decision on `sides`; `beyond` are members left out of both sides that the other side
+/// may count as its own (see the check against the most it could count).
+fn decide_kind(sides: &Sides<'_>, beyond: &[&Member], config: &DowningConfig) -> DecisionKind {
     let role = config.role.as_deref();
     let mut joining_too = false;
     let mut reach = Sides::counted(&sides.reachable, role, false);
@@ -438,14 +461,16 @@ fn decide_kind(sides: &Sides<'_>, config: &DowningConfig) -> DecisionKind {
     // joining, so this side knows it), and an `Exiting` member may be removed there (a
     // `Leaving` one can at most be `Exiting` there, as both had to see it leaving). So this
     // side goes on only if it also would with the fewest members it could count (no joining,
-    // no exiting) against the most the other side could (everything not down); if not, the
-    // safe answer is to down everything on this side.
+    // no exiting) against the most the other side could (everything not down, and the
+    // broken-link ends in `beyond`); if not, the safe answer is to down everything on this
+    // side.
     let this_min: Vec<&Member> = reach
         .iter()
         .copied()
         .filter(|m| joining_too || m.status != MemberStatus::Exiting)
         .collect();
-    let other_max = Sides::counted(&sides.unreachable, role, true);
+    let mut other_max = Sides::counted(&sides.unreachable, role, true);
+    other_max.extend(Sides::counted(beyond, role, true));
     if decide_counted(&this_min, &other_max, &config.strategy) == DecisionKind::DownUnreachable {
         DecisionKind::DownUnreachable
     } else {

@@ -286,8 +286,10 @@ fn a_node_downed_in_random_partitions_is_fenced_within_the_down_margin() {
         (4, 1..=12),
         (5, 1..=24),
         (6, 1..=12),
+        (6, 341..=341),
         (7, 20..=27),
         (7, 296..=300),
+        (7, 340..=340),
         (8, 120..=125),
     ] {
         for seed in seeds {

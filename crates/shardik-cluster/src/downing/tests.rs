@@ -680,3 +680,60 @@ fn a_node_that_cannot_speak_knows_that_the_side_flagging_it_downs_it() {
     assert!(!would_down(&theirs, &n(1), &c));
     assert!(!would_down(&theirs, &n(2), &c));
 }
+
+/// Seed 341 of the 6-node partition schedules: {1, 2, 5} | {0, 3, 4} healed for 0.8 s, too
+/// briefly for every cleared flag to spread, then {2, 3, 4} | {0, 5} (1 was down). Each side
+/// still holds a stale row of a node now on the other side, flagging the nodes it was cut
+/// off from before: 0 and 5 hold 2's (2 flags 0, 3, 4), 2, 3 and 4 hold 5's (5 flags 0, 3,
+/// 4). Each side reads that node as a broken link's end and leaves it out: 0 and 5 counted
+/// {0, 5} against {3, 4}, won the tie and downed 2, 3, 4, while 2, 3 and 4, three against
+/// {0}, downed 0 and 5. Only one side may go on.
+#[test]
+fn stale_flags_of_a_node_now_on_the_other_side_let_only_one_side_go_on() {
+    let mut base = cluster(6);
+    base.set_status(&n(1), MemberStatus::Down).unwrap();
+    let flagged = |rows: &[(u8, u8)], seen: &[u8]| {
+        let mut g = base.clone();
+        for (o, s) in rows {
+            g.reachability_mut().unreachable(&n(*o), &n(*s));
+        }
+        g.touch(&n(seen[0]));
+        for s in seen {
+            g.mark_seen(&n(*s));
+        }
+        g
+    };
+    // 0's and 5's view: their own flags on 2, 3, 4, and 2's stale row.
+    let left = flagged(
+        &[
+            (0, 2),
+            (0, 3),
+            (0, 4),
+            (5, 2),
+            (5, 3),
+            (5, 4),
+            (2, 0),
+            (2, 3),
+            (2, 4),
+        ],
+        &[0, 5],
+    );
+    // 2's, 3's and 4's view: their own flags on 0 and 5 (3's and 4's on 5 not yet in), and
+    // 5's stale row.
+    let right = flagged(
+        &[(2, 0), (2, 5), (3, 0), (4, 0), (5, 0), (5, 3), (5, 4)],
+        &[2],
+    );
+    let c = cfg(Strategy::KeepMajority);
+    let goes_on = |g: &Gossip, me: u8| {
+        let d = decide_on(g, me, &c);
+        d.kind == DecisionKind::DownUnreachable && !d.down.contains(&n(me))
+    };
+    let left_on = [0, 5].iter().all(|&me| goes_on(&left, me));
+    let right_on = [2, 3, 4].iter().all(|&me| goes_on(&right, me));
+    assert!(!left_on, "0 and 5 go on: {:?}", decide_on(&left, 5, &c));
+    assert!(right_on, "2, 3 and 4 stop: {:?}", decide_on(&right, 2, &c));
+    // And 0 and 5 know it (they are fenced), while 3 and 4 do not stop.
+    assert!(would_down(&left, &n(0), &c) && would_down(&left, &n(5), &c));
+    assert!(!would_down(&right, &n(3), &c) && !would_down(&right, &n(4), &c));
+}
