@@ -759,7 +759,7 @@ where
             self.node_stopped();
             return;
         }
-        self.on_fence(state.fenced || self.held_for_leave.load(Ordering::SeqCst));
+        self.on_fence(state.fenced);
         let role = self.placement.role.as_deref();
         let dir = &self.placement.directory;
         // The region's proxy flag depends on this node's roles: wait until it is a member.
@@ -833,6 +833,9 @@ where
     /// messages are delivered, in order, and entities start again on demand.
     fn on_fence(&self, fenced: bool) {
         let mut g = self.change();
+        // Read under the lock: a membership update that read the flag before a concurrent
+        // `hold_for_leave` set it must not lift that hold.
+        let fenced = fenced || self.held_for_leave.load(Ordering::SeqCst);
         match (fenced, g.fenced.is_some()) {
             (true, false) => {
                 g.fenced = Some(Vec::new());
@@ -1006,8 +1009,13 @@ where
                 waiting,
             )
         };
+        let reason = if self.held_for_leave.load(Ordering::SeqCst) {
+            "cluster node left before the shard was handed off"
+        } else {
+            "cluster node stopped while fenced"
+        };
         for (_, id, _) in held {
-            self.dead_letter(&id, "cluster node stopped while fenced");
+            self.dead_letter(&id, reason);
         }
         // Messages waiting for a home (or for a shard to finish moving) go nowhere now.
         for id in waiting {

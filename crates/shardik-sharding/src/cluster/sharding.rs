@@ -512,12 +512,15 @@ impl ClusterSharding {
     /// messages sent meanwhile are buffered and delivered there), then the node leaves the
     /// membership ([`Cluster::leave`]).
     ///
-    /// Waits up to `handoff_timeout` for the hand-offs. After that, the entities of the
-    /// shards still here stop as soon as their current message is done, messages for them
-    /// are dead letters, and the node leaves once none of them runs (an entity in a handler
-    /// that never returns holds the leave, which logs it every 5 s): the shards are
-    /// reallocated once the node is gone, and never while an incarnation still runs here.
-    /// The result names those shards.
+    /// Waits up to `handoff_timeout` for the hand-offs. After that, the regions stop hosting
+    /// as a fenced node does: the entities of the shards still here stop as soon as their
+    /// current message is done, messages for them are held (those of a shard whose hand-off
+    /// completes meanwhile go with it, the rest are dead letters once the node is gone), and
+    /// the node leaves once none of them runs (an entity in a handler that never returns
+    /// holds the leave, which logs it every 5 s): the shards are reallocated once the node
+    /// is gone, and never while an incarnation still runs here. The result names the shards
+    /// that were not handed off in time. Do not await it inside a handler of an entity of
+    /// this node: it would wait for that handler.
     ///
     /// ```no_run
     /// # async fn example(sharding: shardik_sharding::cluster::ClusterSharding) {
@@ -537,17 +540,22 @@ impl ClusterSharding {
             .iter()
             .map(|(name, t)| (name.clone(), t.clone()))
             .collect();
+        // Every type asks at once (a slow one does not hold the others back), again every
+        // 500 ms until its coordinator answers (it may be starting or moving).
+        let request = || {
+            let pending: Vec<&Arc<dyn StartedType>> = types
+                .iter()
+                .map(|(_, t)| t)
+                .filter(|t| !*t.leave_complete().borrow())
+                .collect();
+            for t in &pending {
+                t.request_leave();
+            }
+            pending.first().map(|t| t.leave_complete())
+        };
         let all = async {
-            for (_, t) in &types {
-                let mut done = t.leave_complete();
-                loop {
-                    if *done.borrow() {
-                        break;
-                    }
-                    t.request_leave();
-                    // Re-sent until the coordinator answers (it may be starting or moving).
-                    let _ = tokio::time::timeout(Duration::from_millis(500), done.changed()).await;
-                }
+            while let Some(mut done) = request() {
+                let _ = tokio::time::timeout(Duration::from_millis(500), done.changed()).await;
             }
         };
         let mut not_handed_off = BTreeMap::new();
@@ -563,13 +571,19 @@ impl ClusterSharding {
                          still here stop after their current message, then the node leaves \
                          and the shards are reallocated"
                     );
-                    t.hold_for_leave();
                     not_handed_off.insert(name.clone(), shards);
                 }
+            }
+            // Every type, also those done: a coordinator that moved meanwhile may have given
+            // one of them a shard again (it does not know this node leaves until it is
+            // `Leaving`), and no entity may start here from now on.
+            for (_, t) in &types {
+                t.hold_for_leave();
             }
             // Leaving while an incarnation still runs here would let the shard's next home
             // start a second one.
             let started = Instant::now();
+            let mut last_request = started;
             let mut next_log = Duration::from_secs(5);
             loop {
                 let running: Vec<(&str, usize)> = types
@@ -579,6 +593,11 @@ impl ClusterSharding {
                     .collect();
                 if running.is_empty() {
                     break;
+                }
+                // Hand-offs still under way go on: tell a coordinator that moved.
+                if last_request.elapsed() >= Duration::from_millis(500) {
+                    last_request = Instant::now();
+                    let _ = request();
                 }
                 if started.elapsed() >= next_log {
                     next_log += Duration::from_secs(5);
@@ -624,8 +643,9 @@ pub struct Left {
     /// shards this node still hosted then (possibly none: the hand-off of the last ones may
     /// have been just short of its acknowledgement). Their entities stopped here after their
     /// current message, before the node left; what they had not handled, and what was sent to
-    /// them meanwhile, became dead letters. The shards are reallocated once the node is gone.
-    /// Empty after a complete hand-off.
+    /// them meanwhile, went with the shard if its hand-off completed in the end, and became
+    /// dead letters if not. The shards are reallocated once the node is gone. Empty after a
+    /// complete hand-off.
     pub not_handed_off: BTreeMap<String, BTreeSet<ShardId>>,
 }
 
