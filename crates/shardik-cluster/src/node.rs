@@ -13,7 +13,7 @@ use crate::protocol::{Action, Input};
 use crate::ring;
 
 /// `d` in whole milliseconds, saturating.
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

@@ -491,5 +491,5 @@ fn log_event(me: &UniqueAddress, e: &ClusterEvent) {
 fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, crate::node::millis)
 }
