@@ -71,6 +71,9 @@ enum Slot<M, H> {
         /// is what a message to a cold entity pays cache misses for).
         #[allow(clippy::box_collection)]
         buffer: Box<VecDeque<M>>,
+        /// Start a new incarnation when this one ends even if no message waits for it:
+        /// [`ShardState::ensure`] asked for one (a remembered entity) while it stopped.
+        restart: bool,
     },
 }
 
@@ -178,7 +181,11 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                     let handle = handle.clone();
                     let mut buffer = Box::<VecDeque<M>>::default();
                     buffer.push_back(msg);
-                    *slot = Slot::Stopping { handle, buffer };
+                    *slot = Slot::Stopping {
+                        handle,
+                        buffer,
+                        restart: false,
+                    };
                     self.active -= 1;
                     Delivery::Buffered
                 }
@@ -196,9 +203,18 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
 
     /// Starts entity `id` at coarse time `now` with `spawn` if it has no incarnation (without
     /// a message: remembered entities restarted on a new home). Returns true if it spawned.
+    ///
+    /// An incarnation that is still stopping (a fence lifted, or a shard came back, before
+    /// its entities had ended) is not a running entity: the next incarnation starts as soon
+    /// as it ends, with or without messages waiting for it.
     pub fn ensure(&mut self, id: &str, now: u64, spawn: impl FnOnce(&EntityId) -> H) -> bool {
-        if self.entities.contains_key(id) {
-            return false;
+        match self.entities.get_mut(id) {
+            Some(Slot::Stopping { restart, .. }) => {
+                *restart = true;
+                return false;
+            }
+            Some(Slot::Active { .. }) => return false,
+            None => {}
         }
         let key: EntityId = id.into();
         let handle = spawn(&key);
@@ -227,6 +243,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
         *slot = Slot::Stopping {
             handle,
             buffer: Box::default(),
+            restart: false,
         };
         self.active -= 1;
         true
@@ -245,10 +262,18 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                     *slot = Slot::Stopping {
                         handle,
                         buffer: Box::default(),
+                        restart: false,
                     };
                     self.active -= 1;
                 }
-                Slot::Stopping { handle, .. } => handle.stop_now(),
+                // Its messages go with the shard; whoever hosts the shard next starts it
+                // again if it is remembered.
+                Slot::Stopping {
+                    handle, restart, ..
+                } => {
+                    *restart = false;
+                    handle.stop_now();
+                }
             }
             told.push(EntityId::from(id.as_str()));
         }
@@ -283,17 +308,20 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
             };
         }
         let (key, slot) = self.entities.remove_entry(id).expect("checked above");
-        let buffer = match slot {
+        let (buffer, restart) = match slot {
             Slot::Active { .. } => {
                 self.active -= 1;
-                VecDeque::new()
+                (VecDeque::new(), false)
             }
-            Slot::Stopping { buffer, .. } => *buffer,
+            Slot::Stopping {
+                buffer, restart, ..
+            } => (*buffer, restart),
         };
         if failed {
             // The failed incarnation's own backlog is dropped (it may hold the message that
-            // keeps failing it); messages sent while it was stopping start a new one.
-            if !buffer.is_empty() && respawn {
+            // keeps failing it); messages sent while it was stopping start a new one, and
+            // so does a restart asked for meanwhile.
+            if (!buffer.is_empty() || restart) && respawn {
                 let delivered = self.respawn(key, buffer.into_iter(), now, spawn);
                 return AfterStop::Respawned {
                     delivered,
@@ -308,7 +336,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                 AfterStop::Dropped(all)
             };
         }
-        if undelivered.is_empty() && buffer.is_empty() {
+        if undelivered.is_empty() && buffer.is_empty() && !(restart && respawn) {
             return AfterStop::Removed;
         }
         if !respawn {
@@ -347,7 +375,14 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                     let mut buffer = Box::<VecDeque<M>>::default();
                     buffer.push_back(refused.into_inner());
                     buffer.extend(messages);
-                    self.entities.insert(key, Slot::Stopping { handle, buffer });
+                    self.entities.insert(
+                        key,
+                        Slot::Stopping {
+                            handle,
+                            buffer,
+                            restart: false,
+                        },
+                    );
                     return delivered;
                 }
             }
@@ -526,6 +561,73 @@ mod tests {
             AfterStop::Removed
         );
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn ensure_during_a_stop_restarts_the_entity_once_it_ended_even_without_messages() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        assert!(s.ensure("a", 0, |_| sp.spawn()));
+        assert!(!s.ensure("a", 0, |_| sp.spawn()), "it runs already");
+        assert!(s.passivate("a"));
+        // Asked for again (a remembered entity, its shard hosted again) while it stops.
+        assert!(!s.ensure("a", 0, |_| sp.spawn()));
+        assert_eq!(sp.spawned.len(), 1, "not while the old incarnation lives");
+        assert_eq!(
+            end(&mut s, &mut sp, 1, vec![], false, true),
+            AfterStop::Respawned {
+                delivered: 0,
+                dropped: vec![]
+            }
+        );
+        assert_eq!(sp.spawned.len(), 2);
+        assert_eq!(s.active(), 1);
+        // The flag went with the old incarnation: the new one ends for good.
+        assert!(s.passivate("a"));
+        assert_eq!(
+            end(&mut s, &mut sp, 2, vec![], false, true),
+            AfterStop::Removed
+        );
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_restart_asked_for_during_a_stop_is_not_made_without_respawning_or_after_a_forced_stop() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        tell(&mut s, &mut sp, 1);
+        assert!(s.passivate("a"));
+        assert!(!s.ensure("a", 0, |_| sp.spawn()));
+        // Shutting down: nothing starts.
+        assert_eq!(
+            end(&mut s, &mut sp, 1, vec![], false, false),
+            AfterStop::Removed
+        );
+        assert_eq!(sp.spawned.len(), 1);
+        // A forced stop (the shard leaves this node) calls the restart off.
+        tell(&mut s, &mut sp, 2);
+        assert!(s.passivate("a"));
+        assert!(!s.ensure("a", 0, |_| sp.spawn()));
+        s.force_stop();
+        assert_eq!(
+            end(&mut s, &mut sp, 2, vec![], false, true),
+            AfterStop::Removed
+        );
+        assert_eq!(sp.spawned.len(), 2);
+        // A failed incarnation is restarted, without its own backlog, if a restart was
+        // asked for while it stopped.
+        tell(&mut s, &mut sp, 3);
+        assert!(s.passivate("a"));
+        assert!(!s.ensure("a", 0, |_| sp.spawn()));
+        assert_eq!(
+            end(&mut s, &mut sp, 3, vec![3], true, true),
+            AfterStop::Respawned {
+                delivered: 0,
+                dropped: vec![3]
+            }
+        );
+        assert_eq!(sp.spawned.len(), 4);
+        assert!(sp.spawned[3].inbox.borrow().is_empty());
     }
 
     #[test]

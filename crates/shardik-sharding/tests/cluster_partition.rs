@@ -145,6 +145,75 @@ async fn after_a_healed_partition_held_messages_are_handled_once_in_order() {
     stop_all(&nodes).await;
 }
 
+/// A remembered entity still in its last message when the fence lifts (so still stopping)
+/// starts again once that message is done, without any message for it: remember entities
+/// promises it runs while its shard is hosted. Its shard mate, already stopped, restarts at
+/// once; ids are started in order, so by then the busy one has been asked for too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_entity_still_stopping_when_the_fence_lifts_starts_again() {
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    let tune = |c: shardik_cluster::runtime::ClusterConfig| c.stable_after(Duration::from_secs(20));
+    let nodes = remembering_cluster_tuned(3, 12, &reg, Some(&faults), settings(), &tune).await;
+    // Two entities of one shard hosted on n2, `busy` first in id order.
+    let region = &nodes[2].region;
+    let mut on_n2: Vec<String> = Vec::new();
+    for i in 0..100 {
+        let id = format!("e{i:02}");
+        if where_is(&nodes[0], &id).await == "n2" {
+            on_n2.push(id);
+        }
+    }
+    let (busy, mate) = on_n2
+        .iter()
+        .flat_map(|a| on_n2.iter().map(move |b| (a, b)))
+        .find(|(a, b)| a < b && region.shard_of(a) == region.shard_of(b))
+        .map(|(a, b)| (a.clone(), b.clone()))
+        .expect("two of e00..e99 share a shard on n2");
+    poll("both remembered", Duration::from_secs(20), || {
+        let ids = nodes[2].sharding.remembered_entities(TYPE);
+        ids.contains(&busy) && ids.contains(&mate)
+    })
+    .await;
+    region.tell(
+        &busy,
+        Msg::Slow {
+            sender: 9,
+            seq: 0,
+            ms: u64::MAX,
+        },
+    );
+    poll("the busy entity works", Duration::from_secs(5), || {
+        reg.slow_started.lock().contains(&busy)
+    })
+    .await;
+    for other in ["n0", "n1"] {
+        faults.cut_both("n2", other);
+    }
+    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    poll("the idle mate stopped", Duration::from_secs(5), || {
+        reg.live_of(&mate) == 0
+    })
+    .await;
+    assert_eq!(reg.live_of(&busy), 1, "held in its message by the gate");
+    faults.heal_all();
+    wait_state(&nodes[2].cluster, "n2 unfenced", |s| !s.fenced).await;
+    poll("the mate restarted", Duration::from_secs(20), || {
+        reg.live_of(&mate) == 1
+    })
+    .await;
+    assert_eq!(reg.homes.lock()[&busy].len(), 1, "still its first incarnation");
+    reg.gate.open();
+    poll("the busy entity restarted", Duration::from_secs(20), || {
+        reg.homes.lock()[&busy].len() == 2 && reg.live_of(&busy) == 1
+    })
+    .await;
+    assert_eq!(reg.homes.lock()[&busy], ["n2", "n2"]);
+    reg.assert_stream(&busy, &[9], 1);
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
 /// The id of an entity hosted on node `name` (asked through `via`).
 async fn entity_on(via: &Node, name: &str) -> String {
     for i in 0..100 {

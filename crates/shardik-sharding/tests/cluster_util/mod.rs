@@ -56,6 +56,28 @@ pub struct Registry {
     pub adds: AtomicUsize,
     /// Ids whose entity has started working on a `Slow` message.
     pub slow_started: Mutex<std::collections::BTreeSet<String>>,
+    /// What a `Slow` message of `ms: u64::MAX` waits for instead of a time: one permit each.
+    pub gate: Gate,
+}
+
+/// A closed gate: [`Gate::open`] lets one waiting (or later) `Slow { ms: u64::MAX }` through.
+pub struct Gate(tokio::sync::Semaphore);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate(tokio::sync::Semaphore::new(0))
+    }
+}
+
+impl Gate {
+    /// Lets one gated handler go on.
+    pub fn open(&self) {
+        self.0.add_permits(1);
+    }
+
+    async fn pass(&self) {
+        self.0.acquire().await.expect("the gate is never closed").forget();
+    }
 }
 
 impl Registry {
@@ -89,6 +111,11 @@ impl Registry {
             self.max_live.load(Ordering::SeqCst) <= 1,
             "two live incarnations of one entity id at once"
         );
+    }
+
+    /// Live incarnations of `id` now.
+    pub fn live_of(&self, id: &str) -> usize {
+        self.live.lock().get(id).copied().unwrap_or(0)
     }
 
     /// Live incarnations now, over all ids.
@@ -172,7 +199,11 @@ impl Actor for Probe {
             Msg::Add { sender, seq } | Msg::Slow { sender, seq, .. } => {
                 if let Msg::Slow { ms, .. } = msg {
                     self.reg.slow_started.lock().insert(self.id.clone());
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    if ms == u64::MAX {
+                        self.reg.gate.pass().await;
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
                 }
                 self.got.push((sender, seq));
                 self.reg
@@ -458,7 +489,20 @@ pub async fn remembering_node_with(
     faults: Option<&FaultInjector>,
     settings: ClusterShardingSettings,
 ) -> Node {
-    let (system, cluster, sharding) = faulty_member(name, seed, faults).await;
+    remembering_node_tuned(name, seed, shards, reg, faults, settings, &|c| c).await
+}
+
+/// [`remembering_node_with`] with the cluster configuration changed by `tune`.
+pub async fn remembering_node_tuned(
+    name: &str,
+    seed: Option<&str>,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    settings: ClusterShardingSettings,
+    tune: &Tune,
+) -> Node {
+    let (system, cluster, sharding) = faulty_member_tuned(name, seed, faults, tune).await;
     let region = start_probe(
         &sharding,
         name,
@@ -488,13 +532,34 @@ pub async fn remembering_cluster_with(
     faults: Option<&FaultInjector>,
     settings: ClusterShardingSettings,
 ) -> Vec<Node> {
-    let first = remembering_node_with("n0", None, shards, reg, faults, settings.clone()).await;
+    remembering_cluster_tuned(n, shards, reg, faults, settings, &|c| c).await
+}
+
+/// [`remembering_cluster_with`] with the cluster configuration changed by `tune`.
+pub async fn remembering_cluster_tuned(
+    n: usize,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    settings: ClusterShardingSettings,
+    tune: &Tune,
+) -> Vec<Node> {
+    let first =
+        remembering_node_tuned("n0", None, shards, reg, faults, settings.clone(), tune).await;
     let seed = first.id().address.clone();
     let mut nodes = vec![first];
     for i in 1..n {
         let name = format!("n{i}");
-        let node =
-            remembering_node_with(&name, Some(&seed), shards, reg, faults, settings.clone()).await;
+        let node = remembering_node_tuned(
+            &name,
+            Some(&seed),
+            shards,
+            reg,
+            faults,
+            settings.clone(),
+            tune,
+        )
+        .await;
         nodes.push(node);
     }
     all_up(&nodes).await;
