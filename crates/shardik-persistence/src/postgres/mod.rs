@@ -163,7 +163,10 @@ pub(super) fn to_u64(v: i64) -> u64 {
 
 impl PostgresStore {
     /// Connects to `url` (`postgres://user@host:port/db`) with default options, creating the
-    /// schema and tables if needed. Must run inside a tokio runtime: the writer is a task.
+    /// schema and tables if needed. Must run inside a tokio runtime: the writer lanes and the
+    /// connections are tasks on it, so every use of the store waits while that runtime does
+    /// not run (open it on the application's multi-thread runtime, not on a current-thread
+    /// runtime that is only driven now and then).
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
         Self::connect_with(url, PostgresOptions::default()).await
     }

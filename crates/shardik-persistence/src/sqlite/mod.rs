@@ -365,6 +365,47 @@ mod tests {
         );
     }
 
+    /// A current-thread runtime that wrote first and is then left alone (nobody drives it)
+    /// does not strand the answers of writes made from another runtime: it gets no reply
+    /// task (one there answered nobody until that runtime ran again).
+    #[test]
+    fn writes_from_another_runtime_are_answered_while_a_current_thread_one_sits_idle() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = Arc::new(
+            SqliteStore::open_with(dir.path().join("idle.db"), SqliteOptions::default())
+                .expect("open the store"),
+        );
+        let append = |store: Arc<SqliteStore>, pid: &'static str| async move {
+            let request = crate::record::AppendRequest {
+                persistence_id: pid.into(),
+                expected_seq_nr: 0,
+                writer: 1,
+                events: vec![crate::codec::Payload::encode_as("n", 1, &1u64).unwrap()],
+            };
+            store.append(request).await
+        };
+        let idle = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        assert_eq!(idle.block_on(append(store.clone(), "first")), Ok(1));
+        // `idle` lives on but nobody drives it from here on.
+        let busy = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let answered = busy.block_on(async {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(30),
+                append(store.clone(), "second"),
+            )
+            .await
+        });
+        assert_eq!(answered, Ok(Ok(1)), "the second write is answered");
+        drop(idle);
+    }
+
     /// A read that panics fails alone, with an error that says so; its reader thread lives on
     /// and serves the next read (here the only one).
     #[tokio::test]

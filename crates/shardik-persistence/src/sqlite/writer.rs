@@ -123,6 +123,13 @@ fn passive_checkpoint(conn: &Connection) {
 /// Answers callers from a task on their runtime when there is one: waking a task from
 /// inside the runtime is much cheaper than from this thread, and the writer can start its
 /// next batch meanwhile.
+///
+/// Only a multi-thread runtime gets the reply task: its workers run it whatever the caller
+/// does. A current-thread runtime runs tasks only while something drives it (`block_on`),
+/// so a reply task there would leave the callers on every other runtime unanswered for as
+/// long as nobody drives it (a runtime kept after a `block_on` that wrote, a test's
+/// runtime beside the application's). Callers on such runtimes are answered from the
+/// writer's thread.
 #[derive(Default)]
 pub(super) struct Replier {
     route: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Vec<Done>>>>,
@@ -138,6 +145,9 @@ impl Replier {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return;
+        }
         let mut route = self.route.lock();
         if route.as_ref().is_some_and(|r| !r.is_closed()) {
             self.live.store(true, Ordering::Release);
