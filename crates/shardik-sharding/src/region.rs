@@ -58,8 +58,9 @@ pub(crate) type Unhandled<M> = Arc<dyn Fn(EntityId, Vec<M>) + Send + Sync>;
 pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// Passivates every entity of `shard` (each handles what it has queued first) and calls
     /// `done` once the shard holds no incarnation. Entities that are restarted meanwhile
-    /// (messages buffered while one stopped) are passivated again, so nothing is lost.
-    /// The caller must stop delivering to the shard first.
+    /// (messages buffered while one stopped) are passivated again, so nothing is lost; a
+    /// restart [`start_entity`](Self::start_entity) asked of a stopping entity before is
+    /// called off. The caller must stop delivering to the shard first.
     fn stop_shard(&self, shard: ShardId, done: ShardStopped);
 
     /// Ends a [`stop_shard`](Self::stop_shard) whose entities are slow to stop: every entity
@@ -75,7 +76,8 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     fn cancel_stop(&self, shard: ShardId);
 
     /// Starts entity `id` of `shard` without a message if it has no incarnation (remembered
-    /// entities on a new home). The caller hosts the shard.
+    /// entities on a new home), or as soon as its stopping incarnation has ended. The caller
+    /// hosts the shard.
     fn start_entity(&self, shard: ShardId, id: &str);
 
     /// [`deliver`](RegionCore::deliver), also saying whether the message starts a new
@@ -551,6 +553,9 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
             };
             stopping.insert(shard, done);
         }
+        // Entities stopping when the shard was hosted again (a lifted fence) and asked for
+        // by remember-entities would start again once they end, only to be passivated.
+        self.shards[shard as usize].lock().call_off_restarts();
         // A termination racing with this call finds the entry and checks again.
         self.check_stopping(shard);
     }

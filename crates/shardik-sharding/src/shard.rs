@@ -249,6 +249,16 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
         true
     }
 
+    /// Calls off the restarts [`ensure`](Self::ensure) asked of stopping entities (the
+    /// shard stops: they are not to start again here).
+    pub fn call_off_restarts(&mut self) {
+        for slot in self.entities.values_mut() {
+            if let Slot::Stopping { restart, .. } = slot {
+                *restart = false;
+            }
+        }
+    }
+
     /// Stops every entity of the shard as soon as its current message is done
     /// ([`EntityHandle::stop_now`]), those already stopping gracefully included: the end of a
     /// hand-off whose entities were too slow to stop. Returns the ids of those told.
@@ -628,6 +638,44 @@ mod tests {
         );
         assert_eq!(sp.spawned.len(), 4);
         assert!(sp.spawned[3].inbox.borrow().is_empty());
+        assert_eq!(s.active(), 1);
+        // Failed while shutting down: not restarted.
+        assert!(s.passivate("a"));
+        assert!(!s.ensure("a", 0, |_| sp.spawn()));
+        assert_eq!(
+            end(&mut s, &mut sp, 4, vec![], true, false),
+            AfterStop::Removed
+        );
+        // A shard stop calls the restart off.
+        tell(&mut s, &mut sp, 5);
+        assert!(s.passivate("a"));
+        assert!(!s.ensure("a", 0, |_| sp.spawn()));
+        s.call_off_restarts();
+        assert_eq!(
+            end(&mut s, &mut sp, 5, vec![], false, true),
+            AfterStop::Removed
+        );
+        assert_eq!(sp.spawned.len(), 5);
+    }
+
+    /// The lifted fence's sequence: the fence force-stops the entity, the fence lifts, the
+    /// shard's remembered ids are started while it still ends.
+    #[test]
+    fn a_restart_asked_for_after_a_forced_stop_is_made() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        tell(&mut s, &mut sp, 1);
+        s.force_stop();
+        assert!(!s.ensure("a", 0, |_| sp.spawn()));
+        assert_eq!(
+            end(&mut s, &mut sp, 1, vec![], false, true),
+            AfterStop::Respawned {
+                delivered: 0,
+                dropped: vec![]
+            }
+        );
+        assert_eq!(sp.spawned.len(), 2);
+        assert_eq!(s.active(), 1);
     }
 
     #[test]

@@ -202,7 +202,11 @@ async fn a_remembered_entity_still_stopping_when_the_fence_lifts_starts_again() 
         reg.live_of(&mate) == 1
     })
     .await;
-    assert_eq!(reg.homes.lock()[&busy].len(), 1, "still its first incarnation");
+    assert_eq!(
+        reg.homes.lock()[&busy].len(),
+        1,
+        "still its first incarnation"
+    );
     reg.gate.open();
     poll("the busy entity restarted", Duration::from_secs(20), || {
         reg.homes.lock()[&busy].len() == 2 && reg.live_of(&busy) == 1

@@ -870,16 +870,19 @@ where
                 // a shard the hand-off is stopping keeps stopping.
                 let hosting =
                     |view: ShardView| matches!(view, ShardView::Local | ShardView::HandingOff);
+                // The stop is called off before remembered entities are started: one still
+                // ending is then started again when it has ended, not dropped with the
+                // forced stop's messages.
+                for shard in &hosted {
+                    if hosting(g.state.shard_view(*shard)) {
+                        self.local.cancel_stop(*shard);
+                    }
+                }
                 if let Some(r) = &self.placement.remember {
                     for shard in hosted {
                         if hosting(g.state.shard_view(shard)) {
                             r.shard_started(shard, g.state.fencing_token(shard));
                         }
-                    }
-                }
-                for shard in g.state.hosted_shards() {
-                    if hosting(g.state.shard_view(shard)) {
-                        self.local.cancel_stop(shard);
                     }
                 }
                 // Held messages go through the state machine, per shard in order: to the

@@ -76,7 +76,11 @@ impl Gate {
     }
 
     async fn pass(&self) {
-        self.0.acquire().await.expect("the gate is never closed").forget();
+        self.0
+            .acquire()
+            .await
+            .expect("the gate is never closed")
+            .forget();
     }
 }
 
