@@ -367,9 +367,55 @@ pub(crate) struct Counters {
     writes: AtomicU64,
     transactions: AtomicU64,
     retries: AtomicU64,
+    /// Set once a batch panicked in the writer: a write whose answer was dropped then says
+    /// so, where it would otherwise read as a closed store.
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+/// A persistence id that makes a writer panic on the batch holding it (tests only).
+#[cfg(test)]
+pub(crate) const PANIC_ID: &str = "panic-in-the-writer";
+
+/// Panics if `batch` holds a write of [`PANIC_ID`] (tests only).
+#[cfg(test)]
+pub(crate) fn panic_on_demand(batch: &[Op]) {
+    if batch.iter().any(|op| op.persistence_id() == PANIC_ID) {
+        panic!("a test made the writer panic");
+    }
+}
+
+/// Marks its writer's batch as panicked if it is dropped by a panic: declared as a batch
+/// function's first local, it is dropped before the batch (a parameter), so a caller whose
+/// reply slot the unwinding drops finds the mark set.
+pub(crate) struct PanicWitness<'a>(pub(crate) &'a Counters);
+
+impl Drop for PanicWitness<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.set_panicked();
+        }
+    }
 }
 
 impl Counters {
+    /// Records that a batch panicked in the writer.
+    pub(crate) fn set_panicked(&self) {
+        self.panicked.store(true, Ordering::SeqCst);
+    }
+
+    /// The error of a write whose reply slot was dropped unanswered by the `backend`'s
+    /// writer: a panic's, if one happened, else the store's closing.
+    pub(crate) fn unanswered(&self, backend: &str) -> StoreError {
+        if self.panicked.load(Ordering::SeqCst) {
+            StoreError::Backend(format!(
+                "the {backend} writer panicked while writing this batch (see the log): \
+                 whether this write was stored is unknown"
+            ))
+        } else {
+            StoreError::Closed
+        }
+    }
+
     /// Counts one transaction of `writes` writes, before its callers are answered.
     pub(crate) fn batch(&self, writes: usize, backend: &'static str) {
         metrics::histogram!("shardik_persistence_batch_size", "backend" => backend)

@@ -266,7 +266,7 @@ impl PostgresStore {
             (std::hash::Hasher::finish(&hasher) % self.lanes.len() as u64) as usize
         };
         self.lanes[lane].send(op).map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        rx.await.map_err(|_| self.stats.unanswered("PostgreSQL"))?
     }
 
     /// Runs one statement (which must be safe to repeat) on a pooled connection. A
@@ -404,5 +404,70 @@ impl StateStore for PostgresStore {
     ) -> StoreFuture<'a, ()> {
         let pid = persistence_id.to_string();
         Box::pin(self.write(move |tx| Op::DeleteState(pid, expected_revision, tx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PostgresOptions, PostgresStore};
+    use crate::error::StoreError;
+    use crate::record::AppendRequest;
+    use crate::store::Journal;
+
+    /// The server at `SHARDIK_PG_URL`, or `None` (said on stderr) without one; with
+    /// `SHARDIK_REQUIRE_PG` set, as in CI, a missing URL fails the test.
+    fn pg_url() -> Option<String> {
+        match std::env::var("SHARDIK_PG_URL") {
+            Ok(url) => Some(url),
+            Err(_) => {
+                assert!(
+                    std::env::var("SHARDIK_REQUIRE_PG").is_err(),
+                    "SHARDIK_REQUIRE_PG is set but SHARDIK_PG_URL is not"
+                );
+                eprintln!("*** PostgreSQL writer test SKIPPED: SHARDIK_PG_URL is not set ***");
+                None
+            }
+        }
+    }
+
+    /// A batch that panics in a writer lane fails its writes with an error that says so (not
+    /// as a closed store), and the lane serves the next writes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_batch_fails_its_writes_and_the_lane_serves_on() {
+        let Some(url) = pg_url() else { return };
+        let options = PostgresOptions {
+            // Fresh per run: tests share the server.
+            schema: format!(
+                "panic_{}_{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .subsec_nanos()
+            ),
+            writers: 1,
+            ..PostgresOptions::default()
+        };
+        let store = PostgresStore::connect_with(&url, options)
+            .await
+            .expect("connect to SHARDIK_PG_URL");
+        let append = |pid: &str, expected: u64| AppendRequest {
+            persistence_id: pid.into(),
+            expected_seq_nr: expected,
+            writer: 1,
+            events: vec![crate::codec::Payload::encode_as("n", 1, &expected).unwrap()],
+        };
+        assert_eq!(store.append(append("before", 0)).await, Ok(1));
+        match store.append(append(crate::batch::PANIC_ID, 0)).await {
+            Err(StoreError::Backend(m)) => assert!(m.contains("panicked"), "{m}"),
+            other => panic!("the panicking batch answered {other:?}"),
+        }
+        assert_eq!(store.append(append("before", 1)).await, Ok(2));
+        assert_eq!(store.append(append("after", 0)).await, Ok(1));
+        assert_eq!(
+            store.highest_seq_nr(crate::batch::PANIC_ID).await,
+            Ok(0),
+            "the panicking batch wrote nothing"
+        );
     }
 }

@@ -38,6 +38,7 @@ use std::pin::Pin;
 use std::task::Poll;
 
 use deadpool_postgres::{Object, Pool};
+use futures_util::FutureExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::{Client, Row, Statement};
 
@@ -74,7 +75,33 @@ pub(super) async fn run(
         // cannot deadlock; the sort is stable, so one id's writes keep their order.
         batch.sort_by(|a, b| a.persistence_id().cmp(b.persistence_id()));
         // Drained, not moved: the buffer keeps its capacity for the next batch.
-        let results = write_batch(&pool, &sql, &mut known, &counters, &mut batch).await;
+        let written = {
+            let write = std::panic::AssertUnwindSafe(write_batch(
+                &pool, &sql, &mut known, &counters, &mut batch,
+            ))
+            .catch_unwind();
+            tokio::pin!(write);
+            let written = write.as_mut().await;
+            if written.is_err() {
+                // Before the batch's future (and the reply slots it took) is dropped, so
+                // that those callers learn that it panicked.
+                counters.set_panicked();
+            }
+            written
+        };
+        let results = match written {
+            Ok(results) => results,
+            Err(panic) => {
+                tracing::error!(
+                    panic = %shardik_actor::panic_message(&*panic),
+                    "the PostgreSQL writer panicked while writing a batch: its writes failed, whether they were written is unknown; it serves on"
+                );
+                // What it knew of the streams may be half true now.
+                known = Known::new(known_positions);
+                let error = counters.unanswered("PostgreSQL");
+                batch.drain(..).map(|op| op.refuse(error.clone())).collect()
+            }
+        };
         debug_assert!(batch.is_empty(), "every write of a batch is answered");
         counters.batch(results.len(), "postgres");
         for done in results {
@@ -91,6 +118,8 @@ async fn write_batch(
     batch: &mut Vec<Op>,
 ) -> Vec<Done> {
     let mut results: Vec<Done> = Vec::with_capacity(batch.len());
+    #[cfg(test)]
+    crate::batch::panic_on_demand(batch);
     // PostgreSQL text cannot hold NUL: refuse such a write alone instead of failing the
     // statement that carries the whole batch.
     if !batch.iter().all(storable) {

@@ -193,7 +193,7 @@ impl SqliteStore {
         self.replier.ensure();
         let (tx, rx) = oneshot::channel();
         self.writes.send(make(tx)).map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        rx.await.map_err(|_| self.stats.unanswered("SQLite"))?
     }
 
     async fn read<T: Send + 'static>(
@@ -404,6 +404,37 @@ mod tests {
         });
         assert_eq!(answered, Ok(Ok(1)), "the second write is answered");
         drop(idle);
+    }
+
+    /// A batch that panics in the writer fails its writes with an error that says so (not
+    /// as a closed store), and the writer serves the next writes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_batch_fails_its_writes_and_the_writer_serves_on() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = SqliteStore::open_with(dir.path().join("panic.db"), SqliteOptions::default())
+            .expect("open the store");
+        let append = |pid: &str, expected: u64| crate::record::AppendRequest {
+            persistence_id: pid.into(),
+            expected_seq_nr: expected,
+            writer: 1,
+            events: vec![crate::codec::Payload::encode_as("n", 1, &expected).unwrap()],
+        };
+        assert_eq!(store.append(append("before", 0)).await, Ok(1));
+        let failed = store.append(append(crate::batch::PANIC_ID, 0)).await;
+        match failed {
+            Err(crate::error::StoreError::Backend(m)) => {
+                assert!(m.contains("panicked"), "{m}")
+            }
+            other => panic!("the panicking batch answered {other:?}"),
+        }
+        assert_eq!(store.append(append("before", 1)).await, Ok(2));
+        assert_eq!(store.append(append("after", 0)).await, Ok(1));
+        assert_eq!(store.highest_seq_nr("before").await, Ok(2));
+        assert_eq!(
+            store.highest_seq_nr(crate::batch::PANIC_ID).await,
+            Ok(0),
+            "the panicking batch wrote nothing"
+        );
     }
 
     /// A read that panics fails alone, with an error that says so; its reader thread lives on

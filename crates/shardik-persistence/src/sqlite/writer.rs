@@ -25,7 +25,9 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::schema::{backend, now_millis, to_i64, to_u64};
-use crate::batch::{plan, Counters, Done, Op, Plan, Position, RememberedPositions, SnapshotStep};
+use crate::batch::{
+    plan, Counters, Done, Op, PanicWitness, Plan, Position, RememberedPositions, SnapshotStep,
+};
 
 const SELECT_STREAM: &str =
     "SELECT highest_seq_nr, writer FROM journal_meta WHERE persistence_id = ?1";
@@ -98,11 +100,33 @@ pub(super) fn run(
             }
         }
         counters.batch(batch.len(), "sqlite");
-        replier.answer(write_batch(
-            &mut conn,
-            std::mem::take(&mut batch),
-            &mut positions,
-        ));
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            write_batch(
+                &mut conn,
+                std::mem::take(&mut batch),
+                &mut positions,
+                counters,
+            )
+        }));
+        match written {
+            Ok(done) => replier.answer(done),
+            Err(panic) => {
+                // The batch's callers were answered with an error as it unwound (see
+                // `PanicWitness`); the writer serves on, and it forgets what it knew of the
+                // streams, which the failed batch may have left half true.
+                tracing::error!(
+                    panic = %shardik_actor::panic_message(&*panic),
+                    "the SQLite writer panicked while writing a batch: its writes failed, whether they were written is unknown; it serves on"
+                );
+                positions = Positions::default();
+                if !conn.is_autocommit() {
+                    // Dropping the transaction rolled it back; make sure of it.
+                    if let Err(e) = conn.execute_batch("ROLLBACK") {
+                        tracing::warn!(error = %e, "SQLite rollback after a panic failed");
+                    }
+                }
+            }
+        }
         if RESTART_DUE.with(std::cell::Cell::get) {
             if let Some(_running) = checkpoints.running.try_lock() {
                 RESTART_DUE.with(|due| due.set(false));
@@ -260,7 +284,15 @@ impl Positions {
 
 /// One transaction for the whole batch: read the positions, check every write, write the
 /// accepted ones, commit.
-fn write_batch(conn: &mut Connection, batch: Vec<Op>, positions: &mut Positions) -> Vec<Done> {
+fn write_batch(
+    conn: &mut Connection,
+    batch: Vec<Op>,
+    positions: &mut Positions,
+    counters: &Counters,
+) -> Vec<Done> {
+    let _witness = PanicWitness(counters);
+    #[cfg(test)]
+    crate::batch::panic_on_demand(&batch);
     let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
