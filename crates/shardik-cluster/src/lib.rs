@@ -131,6 +131,6 @@ pub mod vclock;
 
 pub use runtime::{
     BroadcastReplies, Cluster, ClusterBroadcast, ClusterConfig, ClusterError, ClusterSingleton,
-    ClusterState, Event, Listing, Receptionist, ServiceKey, ServiceRef, SingletonError,
-    SingletonProxy, SingletonSettings, StopReason,
+    ClusterState, Event, Listing, NodeStopReason, Receptionist, ServiceKey, ServiceRef,
+    SingletonError, SingletonProxy, SingletonSettings,
 };

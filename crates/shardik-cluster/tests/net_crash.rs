@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use netutil::*;
 use shardik_cluster::events::ClusterEvent;
 use shardik_cluster::member::MemberStatus;
-use shardik_cluster::runtime::{Event, StopReason};
+use shardik_cluster::runtime::{Event, NodeStopReason};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashed_node_is_downed_then_removed_on_the_survivors() {
@@ -79,7 +79,7 @@ async fn crashed_node_is_downed_then_removed_on_the_survivors() {
     let why = tokio::time::timeout(Duration::from_secs(5), nodes[2].cluster.shutdown())
         .await
         .map(|_| nodes[2].cluster.stopped());
-    assert_eq!(why.unwrap(), Some(StopReason::RemoteStopped));
+    assert_eq!(why.unwrap(), Some(NodeStopReason::RemoteStopped));
     stop_all(&nodes).await;
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use netutil::*;
 use shardik_cluster::events::ClusterEvent;
 use shardik_cluster::member::MemberStatus;
-use shardik_cluster::runtime::{ClusterError, Event, StopReason};
+use shardik_cluster::runtime::{ClusterError, Event, NodeStopReason};
 
 fn drain(sub: &mut shardik_cluster::runtime::Subscription) -> Vec<Event> {
     let mut v = Vec::new();
@@ -27,17 +27,17 @@ async fn a_member_leaves_gracefully_and_stops() {
     let why = tokio::time::timeout(Duration::from_secs(10), nodes[2].cluster.leave())
         .await
         .expect("leave completes");
-    assert_eq!(why, StopReason::Left);
-    assert_eq!(nodes[2].cluster.stopped(), Some(StopReason::Left));
+    assert_eq!(why, NodeStopReason::Left);
+    assert_eq!(nodes[2].cluster.stopped(), Some(NodeStopReason::Left));
     assert!(matches!(
         nodes[2].cluster.when_up().await,
-        Err(ClusterError::Stopped(StopReason::Left))
+        Err(ClusterError::Stopped(NodeStopReason::Left))
     ));
     // The leaver's last event says it stopped.
     let mine = drain(&mut own);
     assert_eq!(
         mine.last(),
-        Some(&Event::Stopped(StopReason::Left)),
+        Some(&Event::Stopped(NodeStopReason::Left)),
         "{mine:?}"
     );
     // After it the subscription is closed (a `while let Ok(e) = sub.recv().await` loop
@@ -90,7 +90,7 @@ async fn the_leader_leaves_and_the_next_one_takes_over() {
     let why = tokio::time::timeout(Duration::from_secs(10), nodes[i].cluster.leave())
         .await
         .expect("leave completes");
-    assert_eq!(why, StopReason::Left);
+    assert_eq!(why, NodeStopReason::Left);
     let rest: Vec<_> = nodes.iter().filter(|n| *n.id() != leader).collect();
     let ids: Vec<_> = rest.iter().map(|n| n.id().clone()).collect();
     for n in &rest {
@@ -128,7 +128,7 @@ async fn operator_down_removes_a_member_and_it_stops_itself() {
         |s| s.stopped.is_some(),
     )
     .await;
-    assert_eq!(s.stopped, Some(StopReason::Downed));
+    assert_eq!(s.stopped, Some(NodeStopReason::Downed));
     stop_all(&nodes).await;
 }
 
@@ -140,11 +140,15 @@ async fn a_single_node_cluster_leaves_and_a_stopped_node_stays_stopped() {
     let why = tokio::time::timeout(Duration::from_secs(10), node.cluster.leave())
         .await
         .expect("leave completes");
-    assert_eq!(why, StopReason::Left);
+    assert_eq!(why, NodeStopReason::Left);
     let ev = drain(&mut sub);
-    assert_eq!(ev.last(), Some(&Event::Stopped(StopReason::Left)), "{ev:?}");
+    assert_eq!(
+        ev.last(),
+        Some(&Event::Stopped(NodeStopReason::Left)),
+        "{ev:?}"
+    );
     // Further calls return at once.
-    assert_eq!(node.cluster.leave().await, StopReason::Left);
+    assert_eq!(node.cluster.leave().await, NodeStopReason::Left);
     node.cluster.shutdown().await;
     node.system.shutdown().await;
 }
@@ -158,7 +162,7 @@ async fn shutting_the_actor_system_down_stops_the_cluster_node() {
         s.stopped.is_some()
     })
     .await;
-    assert_eq!(s.stopped, Some(StopReason::SystemShutdown));
+    assert_eq!(s.stopped, Some(NodeStopReason::SystemShutdown));
     // Without a leave, the others see a crash: down and removed.
     let ids = [nodes[0].id().clone(), nodes[1].id().clone()];
     for n in &nodes[..2] {
@@ -186,7 +190,7 @@ async fn stop_system_on_exit_shuts_the_actor_system_down_after_leaving() {
     let why = tokio::time::timeout(Duration::from_secs(10), second.cluster.leave())
         .await
         .expect("leave completes");
-    assert_eq!(why, StopReason::Left);
+    assert_eq!(why, NodeStopReason::Left);
     assert!(second.system.is_shutting_down());
     stop_all(&[first, second]).await;
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use netutil::*;
 use shardik_cluster::events::ClusterEvent;
-use shardik_cluster::runtime::{Event, StopReason};
+use shardik_cluster::runtime::{Event, NodeStopReason};
 use shardik_remote::FaultInjector;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,7 +31,7 @@ async fn partition_2_3_minority_stops_majority_continues_then_heal() {
             |s| s.stopped.is_some(),
         )
         .await;
-        assert_eq!(s.stopped, Some(StopReason::Downed));
+        assert_eq!(s.stopped, Some(NodeStopReason::Downed));
     }
     let majority_ids: Vec<_> = majority.iter().map(|n| n.id().clone()).collect();
     for n in majority {

@@ -14,7 +14,7 @@ use crate::tls::TlsConfig;
 /// ```
 /// use std::time::Duration;
 /// use shardik_remote::RemoteConfig;
-/// let cfg = RemoteConfig::new("node-1", "prod")
+/// let cfg = RemoteConfig::new("prod", "node-1")
 ///     .bind("0.0.0.0:2552")
 ///     .advertise("10.0.0.5:2552")
 ///     .secret(b"a long random shared secret".to_vec())
@@ -87,8 +87,9 @@ impl RemoteConfig {
     pub const MAX_DURATION: Duration = Duration::from_secs(365 * 86_400);
 
     /// A configuration for node `node_id` in cluster `cluster`, listening on `127.0.0.1:0`,
-    /// with no secret and the defaults above.
-    pub fn new(node_id: impl Into<String>, cluster: impl Into<String>) -> Self {
+    /// with no secret and the defaults above. The cluster comes first, as in
+    /// `ClusterConfig::new`.
+    pub fn new(cluster: impl Into<String>, node_id: impl Into<String>) -> Self {
         RemoteConfig {
             node_id: node_id.into(),
             cluster: cluster.into(),

@@ -11,7 +11,7 @@ use shardik_actor::wire::{erased_serde, PayloadCodec, PayloadFormat, Visit};
 ///
 /// ```
 /// use shardik_remote::{JsonCodec, RemoteConfig};
-/// let cfg = RemoteConfig::new("node-1", "prod").payload_format(JsonCodec::format());
+/// let cfg = RemoteConfig::new("prod", "node-1").payload_format(JsonCodec::format());
 /// assert_eq!(cfg.payload_format.name(), "json");
 /// ```
 #[derive(Clone, Copy, Debug, Default)]

@@ -32,7 +32,7 @@
 //! // Two nodes in one process; in production each runs in its own.
 //! let sys_a = ActorSystem::new("a");
 //! let sys_b = ActorSystem::new("b");
-//! let cfg = |id: &str| RemoteConfig::new(id, "demo").secret(b"0123456789abcdef0123456789abcdef".to_vec());
+//! let cfg = |id: &str| RemoteConfig::new("demo", id).secret(b"0123456789abcdef0123456789abcdef".to_vec());
 //! let a = Remote::start(&sys_a, cfg("node-a")).await.unwrap();
 //! let b = Remote::start(&sys_b, cfg("node-b")).await.unwrap();
 //!

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_util::*;
-use shardik_cluster::runtime::StopReason;
+use shardik_cluster::runtime::NodeStopReason;
 
 const ENTITIES: usize = 20;
 
@@ -54,7 +54,7 @@ async fn leave(leaver: usize) -> Vec<Node> {
     })
     .await;
     let left = nodes[leaver].sharding.leave(Duration::from_secs(20)).await;
-    assert_eq!(left.reason, StopReason::Left);
+    assert_eq!(left.reason, NodeStopReason::Left);
     assert!(left.handed_off(), "{left:?}");
     assert!(
         nodes[leaver].hosted().is_empty(),
@@ -130,7 +130,7 @@ async fn a_leave_out_of_time_stops_what_is_left_before_leaving_and_names_it() {
     .await;
     // Its shard cannot be handed off before the entity has stopped, after that message.
     let left = nodes[2].sharding.leave(Duration::from_millis(300)).await;
-    assert_eq!(left.reason, StopReason::Left);
+    assert_eq!(left.reason, NodeStopReason::Left);
     assert!(!left.handed_off());
     assert_eq!(left.not_handed_off.len(), 1, "{left:?}");
     let shards = &left.not_handed_off[TYPE];
@@ -166,7 +166,7 @@ async fn plain_cluster_leave_keeps_single_writer() {
         where_is(&nodes[0], id).await;
     }
     let streams = Streams::start(&nodes, &[(0, 0), (1, 1)], &ids);
-    assert_eq!(nodes[2].cluster.leave().await, StopReason::Left);
+    assert_eq!(nodes[2].cluster.leave().await, NodeStopReason::Left);
     let gone = nodes[2].id().clone();
     wait_state(&nodes[0].cluster, "n2 removed", |s| {
         s.member(&gone).is_none()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster_util::*;
-use shardik_cluster::runtime::StopReason;
+use shardik_cluster::runtime::NodeStopReason;
 use shardik_remote::FaultInjector;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,7 +50,7 @@ async fn isolated_node_stops_its_entities_before_the_majority_restarts_them() {
         s.stopped.is_some()
     })
     .await;
-    assert_eq!(s.stopped, Some(StopReason::Downed));
+    assert_eq!(s.stopped, Some(NodeStopReason::Downed));
     let n2 = nodes[2].id().clone();
     for n in &nodes[..2] {
         wait_state(&n.cluster, "n2 removed", |s| s.member(&n2).is_none()).await;

@@ -87,7 +87,7 @@ pub fn payload() -> Bytes {
 
 /// A node configuration of the suite: cluster, secret, loopback port 0, defaults otherwise.
 pub fn node_config(node_id: &str) -> RemoteConfig {
-    RemoteConfig::new(node_id, CLUSTER).secret(SECRET.to_vec())
+    RemoteConfig::new(CLUSTER, node_id).secret(SECRET.to_vec())
 }
 
 /// Problem sizes: the full run, or small ones for `--quick`.

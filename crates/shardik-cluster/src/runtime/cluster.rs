@@ -17,9 +17,10 @@ use super::driver;
 use crate::events::ClusterEvent;
 use crate::member::{Member, MemberStatus, UniqueAddress};
 
-/// Why the cluster layer of a node stopped.
+/// Why the cluster layer of a node stopped. (Why an actor stopped is
+/// `shardik_actor::StopReason`, another type.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StopReason {
+pub enum NodeStopReason {
     /// The node left gracefully (it reached `Exiting`, or was removed after leaving).
     Left,
     /// The node was marked `Down` (by the split brain resolver or an operator).
@@ -35,15 +36,15 @@ pub enum StopReason {
     RemoteStopped,
 }
 
-impl fmt::Display for StopReason {
+impl fmt::Display for NodeStopReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            StopReason::Left => "left the cluster",
-            StopReason::Downed => "downed",
-            StopReason::Removed => "removed from the cluster",
-            StopReason::Shutdown => "shut down",
-            StopReason::SystemShutdown => "the actor system shut down",
-            StopReason::RemoteStopped => "the remote layer stopped",
+            NodeStopReason::Left => "left the cluster",
+            NodeStopReason::Downed => "downed",
+            NodeStopReason::Removed => "removed from the cluster",
+            NodeStopReason::Shutdown => "shut down",
+            NodeStopReason::SystemShutdown => "the actor system shut down",
+            NodeStopReason::RemoteStopped => "the remote layer stopped",
         })
     }
 }
@@ -65,7 +66,7 @@ pub enum ClusterError {
     UnknownNode(String),
     /// The cluster layer of this node has stopped.
     #[error("the cluster node stopped: {0}")]
-    Stopped(StopReason),
+    Stopped(NodeStopReason),
 }
 
 /// What a subscriber receives after its snapshot.
@@ -74,7 +75,7 @@ pub enum Event {
     /// A change of membership, reachability or leadership.
     Cluster(ClusterEvent),
     /// The cluster layer of this node stopped; always the last event.
-    Stopped(StopReason),
+    Stopped(NodeStopReason),
 }
 
 /// A consistent picture of the cluster as this node sees it.
@@ -94,7 +95,7 @@ pub struct ClusterState {
     /// once the node is `Down` or stopped.
     pub fenced: bool,
     /// Set once the cluster layer of this node has stopped.
-    pub stopped: Option<StopReason>,
+    pub stopped: Option<NodeStopReason>,
 }
 
 impl ClusterState {
@@ -361,7 +362,7 @@ impl Cluster {
     }
 
     /// `Some(reason)` once the cluster layer of this node has stopped.
-    pub fn stopped(&self) -> Option<StopReason> {
+    pub fn stopped(&self) -> Option<NodeStopReason> {
         self.shared.state.borrow().stopped
     }
 
@@ -409,7 +410,7 @@ impl Cluster {
     /// its cluster layer and remoting (the others remove it). A node that is not a member
     /// yet stops at once. Returns why it stopped (`Left`, or `Downed` if it was downed
     /// meanwhile).
-    pub async fn leave(&self) -> StopReason {
+    pub async fn leave(&self) -> NodeStopReason {
         let _ = self.shared.commands.send(Command::Leave);
         self.stopped_reason().await
     }
@@ -427,9 +428,9 @@ impl Cluster {
         self.stopped_reason().await;
     }
 
-    async fn stopped_reason(&self) -> StopReason {
+    async fn stopped_reason(&self) -> NodeStopReason {
         let s = self.wait_until(|s| s.stopped.is_some()).await;
-        s.stopped.unwrap_or(StopReason::Shutdown)
+        s.stopped.unwrap_or(NodeStopReason::Shutdown)
     }
 
     /// A reference to the actor registered at `path` (with [`Remote::register`]) on the

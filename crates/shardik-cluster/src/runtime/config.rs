@@ -149,7 +149,7 @@ impl ClusterConfig {
     /// A node `node_id` of cluster `cluster`, listening on `127.0.0.1:0`, with no seed nodes,
     /// no secret and the defaults documented on each field.
     pub fn new(cluster: impl Into<String>, node_id: impl Into<String>) -> Self {
-        Self::with_remote(RemoteConfig::new(node_id, cluster))
+        Self::with_remote(RemoteConfig::new(cluster, node_id))
     }
 
     /// A configuration on top of a prepared [`RemoteConfig`] (its node id and cluster name

@@ -10,7 +10,7 @@ use shardik_remote::{DecodeError, Decoder, Remote, RemoteRef, SendError};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::cluster::{ClusterState, Command, Event, Shared, StopReason};
+use super::cluster::{ClusterState, Command, Event, NodeStopReason, Shared};
 use super::config::ClusterConfig;
 use super::wire::{Body, WireMsg, PATH};
 use crate::events::ClusterEvent;
@@ -53,7 +53,7 @@ struct Driver {
     next_init_join: u64,
     next_join_feed: u64,
     leaving: bool,
-    stop: Option<StopReason>,
+    stop: Option<NodeStopReason>,
     send_failures: u64,
 }
 
@@ -144,10 +144,10 @@ impl Driver {
             }
             tokio::select! {
                 biased;
-                _ = &mut system_down => break StopReason::SystemShutdown,
+                _ = &mut system_down => break NodeStopReason::SystemShutdown,
                 cmd = commands.recv() => match cmd {
                     Some(cmd) => self.on_command(cmd),
-                    None => break StopReason::Shutdown,
+                    None => break NodeStopReason::Shutdown,
                 },
                 // Timers before messages: a busy inbox must not hold heartbeats and
                 // failure-detector checks back (timers fire at most a few times a second).
@@ -166,7 +166,7 @@ impl Driver {
                 }
                 msg = inbox.recv() => match msg {
                     Some((at, msg)) => self.on_wire(at, msg),
-                    None => break StopReason::RemoteStopped,
+                    None => break NodeStopReason::RemoteStopped,
                 },
             }
         };
@@ -178,7 +178,7 @@ impl Driver {
             Command::Leave => {
                 self.leaving = true;
                 match self.node.status() {
-                    None => self.stop = Some(StopReason::Left),
+                    None => self.stop = Some(NodeStopReason::Left),
                     Some(_) => {
                         tracing::info!(node = %self.me, "leaving the cluster");
                         self.input(Input::Leave);
@@ -189,7 +189,7 @@ impl Driver {
                 tracing::info!(node = %self.me, downing = %n, "operator downs a member");
                 self.input(Input::Down(n));
             }
-            Command::Shutdown => self.stop = Some(StopReason::Shutdown),
+            Command::Shutdown => self.stop = Some(NodeStopReason::Shutdown),
         }
     }
 
@@ -352,10 +352,10 @@ impl Driver {
         }
         if shut_down && self.stop.is_none() {
             self.stop = Some(match self.node.status() {
-                Some(MemberStatus::Down) => StopReason::Downed,
-                Some(MemberStatus::Exiting) => StopReason::Left,
-                _ if self.leaving => StopReason::Left,
-                _ => StopReason::Removed,
+                Some(MemberStatus::Down) => NodeStopReason::Downed,
+                Some(MemberStatus::Exiting) => NodeStopReason::Left,
+                _ if self.leaving => NodeStopReason::Left,
+                _ => NodeStopReason::Removed,
             });
         }
     }
@@ -393,10 +393,10 @@ impl Driver {
                 if self.stop.is_none() {
                     // Remoting also stops when the actor system shuts down; say which.
                     self.stop = Some(if self.system.is_shutting_down() {
-                        StopReason::SystemShutdown
+                        NodeStopReason::SystemShutdown
                     } else {
                         tracing::warn!(node = %self.me, "the remote layer stopped underneath the cluster; stopping");
-                        StopReason::RemoteStopped
+                        NodeStopReason::RemoteStopped
                     });
                 }
             }
@@ -414,12 +414,12 @@ impl Driver {
         }
     }
 
-    async fn finish(mut self, reason: StopReason) {
+    async fn finish(mut self, reason: NodeStopReason) {
         tracing::info!(node = %self.me, %reason, "cluster node stopping");
         self.remote.unregister(PATH);
         if matches!(
             reason,
-            StopReason::Left | StopReason::Downed | StopReason::Removed
+            NodeStopReason::Left | NodeStopReason::Downed | NodeStopReason::Removed
         ) {
             // The actions that stopped this node usually end with gossip telling the rest of
             // its side (a downing decision, say); give the writers a moment to send it, since
@@ -430,7 +430,7 @@ impl Driver {
         if self.cfg.stop_system_on_exit
             && matches!(
                 reason,
-                StopReason::Left | StopReason::Downed | StopReason::Removed
+                NodeStopReason::Left | NodeStopReason::Downed | NodeStopReason::Removed
             )
         {
             self.system.shutdown().await;

@@ -118,7 +118,7 @@ pub use singleton::{
 };
 
 pub use cluster::{
-    Cluster, ClusterError, ClusterState, ClusterStats, Event, StopReason, Subscription,
+    Cluster, ClusterError, ClusterState, ClusterStats, Event, NodeStopReason, Subscription,
 };
 pub use config::{ClusterConfig, ConfigError};
 pub use wire::PATH;

@@ -22,7 +22,7 @@ pub fn init_tracing() {
 
 /// A test configuration: fast backoff, the shared test secret, cluster "test".
 pub fn config(node_id: &str) -> RemoteConfig {
-    RemoteConfig::new(node_id, "test")
+    RemoteConfig::new("test", node_id)
         .secret(SECRET.to_vec())
         .backoff(Duration::from_millis(10), Duration::from_millis(200))
 }

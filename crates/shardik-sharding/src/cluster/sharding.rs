@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use shardik_actor::Actor;
-use shardik_cluster::runtime::{Cluster, StopReason};
+use shardik_cluster::runtime::{Cluster, NodeStopReason};
 use tokio::sync::{mpsc, watch};
 
 use super::coordinator::{CoordEvent, CoordinatorDriver, CoordinatorSnapshot, Ctx};
@@ -637,8 +637,8 @@ pub(super) fn refusal(type_name: &str, this_node: u32, e: RegisterError) -> Shar
 /// What [`ClusterSharding::leave`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Left {
-    /// Why the node's cluster layer stopped: [`StopReason::Left`] after a graceful leave.
-    pub reason: StopReason,
+    /// Why the node's cluster layer stopped: [`NodeStopReason::Left`] after a graceful leave.
+    pub reason: NodeStopReason,
     /// The entity types whose hand-offs had not completed within the timeout, each with the
     /// shards this node still hosted then (possibly none: the hand-off of the last ones may
     /// have been just short of its acknowledgement). Their entities stopped here after their
