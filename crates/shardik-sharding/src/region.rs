@@ -70,6 +70,11 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// if the shard is not stopping.
     fn force_stop_shard(&self, shard: ShardId, unhandled: Unhandled<M>);
 
+    /// True while an entity stopped by a [`force_stop_shard`](Self::force_stop_shard) has
+    /// ended and what it had not handled is on its way to its `unhandled` (decided, not yet
+    /// handed over), in any shard.
+    fn handing_on(&self) -> bool;
+
     /// Calls off a [`stop_shard`](Self::stop_shard) (and a force stop) of `shard` whose
     /// `done` nobody waits for (the fence's): the shard is hosted again. Entities still
     /// stopping end as usual, and a new incarnation takes what they had not handled.
@@ -584,6 +589,10 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
             }
         }
         self.check_stopping(shard);
+    }
+
+    fn handing_on(&self) -> bool {
+        !self.handing_on.lock().is_empty()
     }
 
     fn cancel_stop(&self, shard: ShardId) {

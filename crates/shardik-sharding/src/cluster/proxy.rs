@@ -54,6 +54,9 @@ impl<M: Send + 'static> ShardHost<M> for NoHost<M> {
     }
     fn force_stop_shard(&self, _shard: ShardId, _unhandled: crate::region::Unhandled<M>) {}
     fn cancel_stop(&self, _shard: ShardId) {}
+    fn handing_on(&self) -> bool {
+        false
+    }
     fn start_entity(&self, _shard: ShardId, _id: &str) {}
     fn deliver_new(&self, shard: ShardId, id: &str, msg: M) -> (bool, Result<(), TellError<M>>) {
         (false, self.deliver(shard, id, msg))

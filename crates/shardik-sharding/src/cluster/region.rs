@@ -694,25 +694,19 @@ where
             tokio::select! {
                 _ = system.shutdown_started() => break,
                 _ = ticks.tick() => {
+                    self.drain_events(&mut rx);
                     self.on_membership(None);
                     self.input(RegionInput::Tick);
                     self.resend_fences();
                 }
                 ev = rx.recv() => match ev {
-                    Some(RegionEvent::ShardStopped(shard)) => {
-                        self.input(RegionInput::ShardStopped(shard))
-                    }
-                    Some(RegionEvent::Unhandled(shard, envelopes)) => {
-                        self.input(RegionInput::Unhandled { shard, envelopes })
-                    }
-                    Some(RegionEvent::FencedUnhandled(shard, id, msgs)) => {
-                        self.on_fenced_unhandled(shard, &id, msgs)
-                    }
+                    Some(ev) => self.on_event(ev),
                     None => break,
                 },
                 ev = sub.recv() => match ev {
                     Ok(Event::Stopped(_)) | Err(RecvError::Closed) => break,
                     Ok(Event::Cluster(ev)) => {
+                        self.drain_events(&mut rx);
                         // The event is published before the state it leads to: take a downed
                         // or removed member from the event itself.
                         let gone = match ev {
@@ -722,7 +716,10 @@ where
                         };
                         self.on_membership(gone);
                     }
-                    Err(RecvError::Lagged(_)) => self.on_membership(None),
+                    Err(RecvError::Lagged(_)) => {
+                        self.drain_events(&mut rx);
+                        self.on_membership(None)
+                    }
                 },
             }
         }
@@ -742,6 +739,27 @@ where
                 }
                 RegionEvent::ShardStopped(_) => {}
             }
+        }
+    }
+
+    fn on_event(&self, ev: RegionEvent<M>) {
+        match ev {
+            RegionEvent::ShardStopped(shard) => self.input(RegionInput::ShardStopped(shard)),
+            RegionEvent::Unhandled(shard, envelopes) => {
+                self.input(RegionInput::Unhandled { shard, envelopes })
+            }
+            RegionEvent::FencedUnhandled(shard, id, msgs) => {
+                self.on_fenced_unhandled(shard, &id, msgs)
+            }
+        }
+    }
+
+    /// Handles the events already queued, before a membership change that may lift the
+    /// fence: unhandled messages of entities the fence stopped must join the held ones
+    /// (ahead of them) before those are delivered, and `select!` would pick either first.
+    fn drain_events(&self, rx: &mut mpsc::UnboundedReceiver<RegionEvent<M>>) {
+        while let Ok(ev) = rx.try_recv() {
+            self.on_event(ev);
         }
     }
 
@@ -860,6 +878,14 @@ where
                 }
             }
             (false, true) => {
+                // What entities stopped by the fence had not handled is older than what was
+                // held meanwhile. The event loop handles what already reached it before it
+                // reads the membership (`run`); what an entity that just ended is still
+                // handing over is waited for: the fence stays until the next tick.
+                if self.local.handing_on() {
+                    tracing::debug!(entity_type = %self.type_name, "fence lift waits for the unhandled messages of stopped entities");
+                    return;
+                }
                 let held = g.fenced.take().unwrap_or_default();
                 let hosted = g.state.hosted_shards();
                 tracing::info!(entity_type = %self.type_name, held = held.len(), "fence lifted: hosting again");
