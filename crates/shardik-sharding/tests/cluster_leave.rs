@@ -157,6 +157,40 @@ async fn a_leave_out_of_time_stops_what_is_left_before_leaving_and_names_it() {
 /// before that is done (it stops its entities then), and its unfinished shards are reallocated
 /// after `down_margin`. Messages may be lost for its entities, but never duplicated or
 /// reordered, and never two live incarnations; every entity answers afterwards.
+/// A node cut off from the others (fenced: its entities already stopped) tries to leave: the
+/// hand-off cannot happen, and the leave names every shard it still owned, not only those
+/// with an entity still stopping (none here), so `handed_off()` does not claim a hand-off
+/// that never was. The isolated node then downs itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_node_that_leaves_names_every_shard_it_did_not_hand_off() {
+    let faults = shardik_remote::FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    let nodes = cluster_with(3, 12, &reg, Some(&faults)).await;
+    let mut on_n2 = 0;
+    for i in 0..ENTITIES {
+        if where_is(&nodes[0], &format!("e{i}")).await == "n2" {
+            on_n2 += 1;
+        }
+    }
+    assert!(on_n2 > 0, "n2 hosts some entity");
+    let owned = nodes[2].hosted();
+    assert!(!owned.is_empty());
+    for other in ["n0", "n1"] {
+        faults.cut_both("n2", other);
+    }
+    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    poll("n2's entities stopped", Duration::from_secs(5), || {
+        nodes[2].hosted().is_empty()
+    })
+    .await;
+    let left = nodes[2].sharding.leave(Duration::from_millis(500)).await;
+    assert!(!left.handed_off(), "{left:?}");
+    assert_eq!(left.not_handed_off.get(TYPE), Some(&owned), "{left:?}");
+    assert_eq!(left.reason, NodeStopReason::Downed);
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_cluster_leave_keeps_single_writer() {
     let reg = Arc::new(Registry::default());

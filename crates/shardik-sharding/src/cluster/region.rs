@@ -344,6 +344,12 @@ where
         );
     }
 
+    /// Shards this region has not handed off (hosted, moving or stopping), whether or not
+    /// any of their entities still runs (also while fenced or after the node stopped).
+    pub(crate) fn owned_shards(&self) -> BTreeSet<ShardId> {
+        self.inner.lock().state.hosted_shards()
+    }
+
     /// Shards whose entities live here (hosted, moving or stopping).
     /// Once this node stopped, or while it is fenced, the shards that still have entities
     /// (stopping).

@@ -33,6 +33,7 @@ trait StartedType: Send + Sync {
     fn region_any(&self) -> &(dyn Any + Send + Sync);
     fn msg_type(&self) -> &'static str;
     fn hosted_shards(&self) -> BTreeSet<ShardId>;
+    fn owned_shards(&self) -> BTreeSet<ShardId>;
     fn coordinator(&self) -> Option<CoordinatorSnapshot>;
     fn request_leave(&self);
     fn hold_for_leave(&self);
@@ -59,6 +60,9 @@ where
     }
     fn hosted_shards(&self) -> BTreeSet<ShardId> {
         self.region.hosted_shards()
+    }
+    fn owned_shards(&self) -> BTreeSet<ShardId> {
+        self.region.owned_shards()
     }
     fn coordinator(&self) -> Option<CoordinatorSnapshot> {
         self.snapshot.lock().clone()
@@ -562,7 +566,9 @@ impl ClusterSharding {
         if tokio::time::timeout(handoff_timeout, all).await.is_err() {
             for (name, t) in &types {
                 if !*t.leave_complete().borrow() {
-                    let shards = t.hosted_shards();
+                    // Every shard not handed off, also those whose entities a fence already
+                    // stopped (`hosted_shards` then lists only those still stopping).
+                    let shards = t.owned_shards();
                     tracing::warn!(
                         entity_type = %name,
                         shards = shards.len(),
@@ -640,8 +646,9 @@ pub struct Left {
     /// Why the node's cluster layer stopped: [`NodeStopReason::Left`] after a graceful leave.
     pub reason: NodeStopReason,
     /// The entity types whose hand-offs had not completed within the timeout, each with the
-    /// shards this node still hosted then (possibly none: the hand-off of the last ones may
-    /// have been just short of its acknowledgement). Their entities stopped here after their
+    /// shards this node still owned then, whether or not their entities still ran (a fenced
+    /// node's had stopped already); possibly none: the hand-off of the last ones may have
+    /// been just short of its acknowledgement. Their entities stopped here after their
     /// current message, before the node left; what they had not handled, and what was sent to
     /// them meanwhile, went with the shard if its hand-off completed in the end, and became
     /// dead letters if not. The shards are reallocated once the node is gone. Empty after a
