@@ -66,6 +66,7 @@ mod error;
 mod fault;
 pub mod frame;
 mod handshake;
+mod handshake_slots;
 mod json;
 mod node;
 mod peer;

@@ -12,7 +12,7 @@ use shardik_actor::wire::with_wire_context;
 use shardik_actor::ActorSystem;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{broadcast, mpsc, Semaphore};
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -22,6 +22,9 @@ use crate::config::RemoteConfig;
 use crate::error::{panic_message, DecodeError, HandshakeError, RemoteError};
 use crate::frame::{Envelope, Frame, HeaderCache, Lane, NodeIdentity, RejectReason, ReplyFailure};
 use crate::handshake::{self, Local};
+use crate::handshake_slots::{
+    HandshakeSlot, HandshakeSlots, Refused, MAX_PENDING, MAX_PENDING_PER_SOURCE,
+};
 use crate::peer::{ConnSlot, ConnectionInfo, Installed, Peer, Restarted};
 use crate::registry::{LookupCache, Registry};
 use crate::replies::{self, Replies};
@@ -69,9 +72,6 @@ const PEER_GRACE: Duration = Duration::from_secs(30);
 /// How long a closing connection's writer may take to flush and shut its stream down.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// At most this many connections may be in their handshake at once; more are closed at once.
-const MAX_PENDING_HANDSHAKES: usize = 256;
-
 pub(crate) struct Node {
     pub(crate) system: ActorSystem,
     pub(crate) cfg: RemoteConfig,
@@ -88,7 +88,7 @@ pub(crate) struct Node {
     /// `is_cancelled` would take its mutex.
     closed: AtomicBool,
     pub(crate) tasks: TaskTracker,
-    handshake_slots: Arc<Semaphore>,
+    handshake_slots: HandshakeSlots,
     next_conn: AtomicU64,
     me: Weak<Node>,
 }
@@ -108,7 +108,7 @@ impl Node {
             shutdown: CancellationToken::new(),
             closed: AtomicBool::new(false),
             tasks: TaskTracker::new(),
-            handshake_slots: Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES)),
+            handshake_slots: HandshakeSlots::new(),
             next_conn: AtomicU64::new(1),
             me: me.clone(),
         })
@@ -461,15 +461,35 @@ impl Node {
     async fn inbound(self: Arc<Self>, stream: TcpStream) {
         // One deadline for the whole handshake: TLS, then the protocol.
         let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
-        let Ok(permit) = self.handshake_slots.clone().try_acquire_owned() else {
-            tracing::warn!("too many connections in their handshake; closing a new one");
-            return;
-        };
-        let _ = stream.set_nodelay(true);
         let (local_sa, remote_sa) = match (stream.local_addr(), stream.peer_addr()) {
             (Ok(l), Ok(r)) => (l, r),
             _ => return,
         };
+        let permit = match self.handshake_slots.try_take(remote_sa.ip()) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                let n = self.counters.bump(
+                    &self.counters.handshakes_refused_busy,
+                    "shardik_remote_handshakes_refused_busy_total",
+                );
+                if should_log(n) {
+                    tracing::warn!(
+                        node = %self.local.me.node_id,
+                        source = %remote_sa.ip(),
+                        "{}; closing a new connection",
+                        match refused {
+                            Refused::Node => format!("{MAX_PENDING} connections are in their handshake"),
+                            Refused::Source => format!(
+                                "{MAX_PENDING_PER_SOURCE} connections from {} are in their handshake",
+                                remote_sa.ip()
+                            ),
+                        }
+                    );
+                }
+                return;
+            }
+        };
+        let _ = stream.set_nodelay(true);
         match self.cfg.tls.clone() {
             None => {
                 let (r, w) = stream.into_split();
@@ -501,7 +521,7 @@ impl Node {
     /// The protocol handshake over an accepted (plain or TLS) stream.
     async fn inbound_on<R, W>(
         self: Arc<Self>,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        permit: HandshakeSlot,
         r: R,
         mut w: W,
         (local_sa, remote_sa): (std::net::SocketAddr, std::net::SocketAddr),

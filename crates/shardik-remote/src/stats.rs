@@ -59,6 +59,9 @@ counters! {
     connections_rejected,
     /// Handshakes that failed, on either side.
     handshake_failures,
+    /// Inbound connections closed before their handshake because too many were in theirs
+    /// already: 256 on the node, or 64 from the connection's IP address.
+    handshakes_refused_busy,
     /// Peers forgotten because nothing used them any more (no connection, nothing queued,
     /// no `RemoteRef` or waiting reply pointing at them): addresses learned from messages
     /// do not accumulate.

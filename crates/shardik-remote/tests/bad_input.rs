@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use shardik_actor::AskError;
 use shardik_remote::{RemoteEvent, RemoteStats};
@@ -405,4 +406,50 @@ async fn a_panicking_deserialize_fails_one_message_and_keeps_the_connection() {
     // a's reader counts it, so counting right after that ask raced).
     assert_eq!(b.stats().decode_errors, 1);
     assert_eq!(a.stats().reply_decode_errors, 1);
+}
+
+/// One host opening connections it never authenticates takes at most 64 of the node's 256
+/// handshake slots: connections past that from it are closed at once (and counted), and a
+/// peer from another address still connects meanwhile. (Before, the host could hold all 256
+/// and every other peer was turned away until the handshake timeout freed them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_silent_host_cannot_take_every_handshake_slot() {
+    let (sys, server) =
+        node_with(config("server").handshake_timeout(Duration::from_secs(60))).await;
+    let _seen = echo(&sys, &server);
+    let addr: std::net::SocketAddr = server.addr().parse().unwrap();
+    // 300 silent connections from 127.0.0.2 (the loopback answers to all of 127/8).
+    let mut silent = Vec::new();
+    for _ in 0..300 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        silent.push(socket.connect(addr).await.unwrap());
+    }
+    // The first 64 the node takes up wait in their handshake; the rest are closed at once.
+    let mut reads: futures_util::stream::FuturesUnordered<_> = silent
+        .into_iter()
+        .map(|mut s| async move {
+            let mut buf = [0u8; 1];
+            let n = s.read(&mut buf).await;
+            (n, s)
+        })
+        .collect();
+    let mut open = Vec::new();
+    for _ in 0..236 {
+        let (n, s) = tokio::time::timeout(T, reads.next())
+            .await
+            .expect("the connections over the limit are closed at once")
+            .expect("a connection");
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        open.push(s); // closed by the node; kept so its port is not reused meanwhile
+    }
+    assert_eq!(server.stats().handshakes_refused_busy, 236);
+    // A peer on 127.0.0.1 still gets in while the 64 wait in their handshake.
+    assert_serves(&sys, &server).await;
+    // Those 64 are still open: the node waits for their handshake (60 s).
+    assert_eq!(reads.len(), 64);
+    assert!(
+        futures_util::FutureExt::now_or_never(reads.next()).is_none(),
+        "a connection within the limit was closed"
+    );
 }
