@@ -61,6 +61,17 @@ pub struct DowningConfig {
     pub stable_after: Duration,
     /// Count only members with this role.
     pub role: Option<String>,
+    /// How long past `stable_after` the reachability picture may keep changing, with some
+    /// member unreachable, before the leader of each side downs every member (itself
+    /// included): Akka's `down-all-when-unstable`. A link that flaps, or cuts that come and
+    /// go, keep the stability timer from ever running out, so no decision would be taken
+    /// and the unreachable members' work would stay stranded, or each side would decide on
+    /// a picture the other never saw. `None` turns it off. The measure starts when a member
+    /// first becomes unreachable, and starts over once none is, or once the reachability
+    /// picture has not changed for twice `stable_after` (a stable picture is decided the
+    /// usual way). Membership changes alone (joins, leaves) never trigger it. Default 4 s
+    /// (Akka: three quarters of `stable-after`, at least 4 s).
+    pub down_all_when_unstable: Option<Duration>,
 }
 
 impl Default for DowningConfig {
@@ -71,6 +82,7 @@ impl Default for DowningConfig {
             strategy: Strategy::KeepMajority,
             stable_after: Duration::from_secs(2),
             role: None,
+            down_all_when_unstable: Some(Duration::from_secs(4)),
         }
     }
 }
@@ -544,6 +556,58 @@ type Snapshot = (
     BTreeSet<UniqueAddress>,
 );
 
+/// Who is flagged, and who flags while flagged itself: the reachability part of a
+/// [`Snapshot`].
+fn reachability_picture(gossip: &Gossip) -> (BTreeSet<UniqueAddress>, BTreeSet<UniqueAddress>) {
+    let flagged = gossip.unreachable_members();
+    let flagging: BTreeSet<UniqueAddress> = gossip
+        .reachability()
+        .records()
+        .map(|(o, _)| o)
+        .filter(|o| flagged.contains(*o))
+        .cloned()
+        .collect();
+    (flagged, flagging)
+}
+
+/// Tracks how long the reachability picture has kept changing while some member is
+/// unreachable, for [`DowningConfig::down_all_when_unstable`].
+#[derive(Clone, Debug, Default)]
+pub struct InstabilityTimer {
+    last: Option<(BTreeSet<UniqueAddress>, BTreeSet<UniqueAddress>)>,
+    changed_at: u64,
+    since: Option<u64>,
+}
+
+impl InstabilityTimer {
+    /// A timer that has seen nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Looks at the state at `now` (ms): true once the picture has been unstable for
+    /// `stable_after` plus `down_all_when_unstable` since a member first became unreachable.
+    pub fn observe(&mut self, gossip: &Gossip, now: u64, config: &DowningConfig) -> bool {
+        let picture = reachability_picture(gossip);
+        let nobody_unreachable = picture.0.is_empty();
+        if self.last.as_ref() != Some(&picture) {
+            self.last = Some(picture);
+            self.changed_at = now;
+        }
+        let Some(extra) = config.down_all_when_unstable else {
+            self.since = None;
+            return false;
+        };
+        let stable_for = now.saturating_sub(self.changed_at);
+        if nobody_unreachable || u128::from(stable_for) >= 2 * config.stable_after.as_millis() {
+            self.since = None;
+            return false;
+        }
+        let since = *self.since.get_or_insert(now);
+        u128::from(now - since) >= config.stable_after.saturating_add(extra).as_millis()
+    }
+}
+
 /// Tracks how long membership and reachability have been unchanged, for `stable_for`.
 #[derive(Clone, Debug, Default)]
 pub struct StabilityTimer {
@@ -563,14 +627,7 @@ impl StabilityTimer {
             .members()
             .map(|m| (m.node.clone(), m.status))
             .collect();
-        let flagged = gossip.unreachable_members();
-        let flagging: BTreeSet<UniqueAddress> = gossip
-            .reachability()
-            .records()
-            .map(|(o, _)| o)
-            .filter(|o| flagged.contains(*o))
-            .cloned()
-            .collect();
+        let (flagged, flagging) = reachability_picture(gossip);
         let snapshot = (members, flagged, flagging);
         if self.last.as_ref() != Some(&snapshot) {
             self.last = Some(snapshot);

@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::downing::{decide, would_down, DowningConfig, StabilityTimer, Strategy};
+use crate::downing::{
+    decide, would_down, DowningConfig, InstabilityTimer, StabilityTimer, Strategy,
+};
 use crate::events::{diff, ClusterEvent};
 use crate::gossip::{Gossip, Received};
 use crate::leader::leader_actions;
@@ -97,6 +99,7 @@ pub struct MembershipNode {
     /// Nodes that asked for this node's heartbeats, until when (see [`Input::WatchFrom`]).
     watch_requests: BTreeMap<UniqueAddress, u64>,
     stability: StabilityTimer,
+    instability: InstabilityTimer,
     now: u64,
     next_gossip: u64,
     gossip_round: usize,
@@ -128,6 +131,7 @@ impl MembershipNode {
             detectors: BTreeMap::new(),
             watch_requests: BTreeMap::new(),
             stability: StabilityTimer::new(),
+            instability: InstabilityTimer::new(),
             now: 0,
             next_gossip: 0,
             gossip_round: 0,
@@ -426,6 +430,35 @@ impl MembershipNode {
         }
     }
 
+    /// The reachability picture has kept changing for `stable_after` plus
+    /// `down_all_when_unstable` since a member became unreachable: no decision this side takes
+    /// could be trusted to match the other side's, so every member is downed, this node
+    /// included (the other side's leader does the same on its own measure). Safety over
+    /// availability, as Akka's `down-all-when-unstable`.
+    fn down_all_when_unstable(&mut self, me: &UniqueAddress, out: &mut Vec<Action>) {
+        let all: Vec<UniqueAddress> = self
+            .gossip
+            .members()
+            .filter(|m| m.status != MemberStatus::Down)
+            .map(|m| m.node.clone())
+            .collect();
+        tracing::warn!(
+            node = %me.node_id,
+            members = all.len(),
+            unreachable = self.gossip.unreachable_members().len(),
+            "split brain resolver: the reachability picture kept changing for longer than \
+             stable_after plus down_all_when_unstable; downing every member, this one included"
+        );
+        let mut changed = false;
+        for n in &all {
+            changed |= self.gossip.set_status(n, MemberStatus::Down) == Ok(true);
+        }
+        if changed {
+            self.gossip.touch(me);
+            self.gossip_to_all(out);
+        }
+    }
+
     fn on_tick(&mut self, now: u64, out: &mut Vec<Action>) {
         self.advance(now);
         if !self.is_member() {
@@ -436,7 +469,12 @@ impl MembershipNode {
         self.check_reachability(now);
         // Split brain resolver: only the leader of this side applies a decision.
         let stable_for = self.stability.observe(&self.gossip, now);
-        if self.gossip.leader(&me).as_ref() == Some(&me) {
+        let unstable = self
+            .instability
+            .observe(&self.gossip, now, &self.config.downing);
+        if unstable && self.gossip.leader(&me).as_ref() == Some(&me) {
+            self.down_all_when_unstable(&me, out);
+        } else if self.gossip.leader(&me).as_ref() == Some(&me) {
             let decision = decide(&self.gossip, &me, stable_for, &self.config.downing);
             if let Some(d) = decision {
                 // A fenced node cannot fully trust its view of the others. While the resolver

@@ -737,3 +737,114 @@ fn stale_flags_of_a_node_now_on_the_other_side_let_only_one_side_go_on() {
     assert!(would_down(&left, &n(0), &c) && would_down(&left, &n(5), &c));
     assert!(!would_down(&right, &n(3), &c) && !would_down(&right, &n(4), &c));
 }
+
+/// Observes `g` at `t` ms with the default settings.
+fn unstable_at(timer: &mut InstabilityTimer, g: &Gossip, t: u64) -> bool {
+    timer.observe(g, t, &DowningConfig::default())
+}
+
+/// A flapping picture: n2 flagged by n0, then n1 flagged too, and so on, each for `every`
+/// ms, from `from` to `until` (exclusive); returns what the timer said at each step.
+fn flap(
+    timer: &mut InstabilityTimer,
+    g: &Gossip,
+    every: u64,
+    (from, until): (u64, u64),
+) -> Vec<(u64, bool)> {
+    let mut said = Vec::new();
+    let mut t = from;
+    let mut both = false;
+    while t < until {
+        let mut g = g.clone();
+        g.reachability_mut().unreachable(&n(0), &n(2));
+        if both {
+            g.reachability_mut().unreachable(&n(0), &n(1));
+        }
+        said.push((t, unstable_at(timer, &g, t)));
+        both = !both;
+        t += every;
+    }
+    said
+}
+
+#[test]
+fn a_picture_that_keeps_changing_trips_the_bound_after_stable_after_plus_it() {
+    let g = cluster(3);
+    let mut timer = InstabilityTimer::new();
+    let bound = stable() + DowningConfig::default().down_all_when_unstable.unwrap();
+    let said = flap(&mut timer, &g, 500, (0, 8_000));
+    for (t, unstable) in said {
+        assert_eq!(
+            unstable,
+            u128::from(t) >= bound.as_millis(),
+            "at {t} ms (bound {bound:?})"
+        );
+    }
+}
+
+#[test]
+fn a_stable_picture_or_a_healed_one_starts_the_measure_over() {
+    let g = cluster(3);
+    let mut flagged = g.clone();
+    flagged.reachability_mut().unreachable(&n(0), &n(2));
+    // Stable: decided the usual way; never unstable however long it lasts.
+    let mut timer = InstabilityTimer::new();
+    for t in (0..60_000).step_by(500) {
+        assert!(!unstable_at(&mut timer, &flagged, t), "at {t} ms");
+    }
+    // Flapping for 5 s, healed, flapping again: the measure starts over at the second flap.
+    let mut timer = InstabilityTimer::new();
+    assert!(flap(&mut timer, &g, 500, (0, 5_000))
+        .iter()
+        .all(|(_, u)| !u));
+    assert!(!unstable_at(&mut timer, &g, 5_000), "healed");
+    let again = flap(&mut timer, &g, 500, (5_500, 11_000));
+    assert!(again.iter().all(|(_, u)| !u), "{again:?}");
+    assert!(
+        flap(&mut timer, &g, 500, (11_500, 12_000))[0].1,
+        "6 s into the second flap"
+    );
+    // Flapping that settles for twice `stable_after` starts over (and a picture that
+    // settles is decided the usual way, `stable_after` after its last change).
+    let mut timer = InstabilityTimer::new();
+    flap(&mut timer, &g, 500, (0, 1_500));
+    let mut still = g.clone();
+    still.reachability_mut().unreachable(&n(0), &n(2));
+    for t in (1_500..20_000).step_by(500) {
+        assert!(!unstable_at(&mut timer, &still, t), "at {t} ms");
+    }
+    // Flapping 5 s and then still: the bound counts from the first flag.
+    let mut timer = InstabilityTimer::new();
+    flap(&mut timer, &g, 500, (0, 5_000));
+    assert!(!unstable_at(&mut timer, &still, 5_500));
+    assert!(unstable_at(&mut timer, &still, 6_000));
+}
+
+#[test]
+fn membership_changes_alone_never_trip_the_bound_and_none_turns_it_off() {
+    // A member joins every 500 ms while n2 stays flagged: the stability timer keeps
+    // starting over, the instability measure does not see a change.
+    let mut g = cluster(3);
+    g.reachability_mut().unreachable(&n(0), &n(2));
+    let mut timer = InstabilityTimer::new();
+    for (i, t) in (0..20_000).step_by(500).enumerate() {
+        let joiner = 10 + i as u8;
+        g.add_joining(n(joiner), BTreeSet::new()).unwrap();
+        assert!(!unstable_at(&mut timer, &g, t), "at {t} ms");
+    }
+    // Off: a flapping picture never trips it.
+    let off = DowningConfig {
+        down_all_when_unstable: None,
+        ..DowningConfig::default()
+    };
+    let mut timer = InstabilityTimer::new();
+    let g = cluster(3);
+    for (i, t) in (0..30_000).step_by(500).enumerate() {
+        let mut g = g.clone();
+        g.reachability_mut().unreachable(&n(0), &n(2));
+        if i % 2 == 1 {
+            g.reachability_mut().unreachable(&n(0), &n(1));
+        }
+        assert!(!timer.observe(&g, t, &off), "at {t} ms");
+    }
+}

@@ -312,6 +312,14 @@ impl ClusterConfig {
         self
     }
 
+    /// Sets how long past `stable_after` a reachability picture that keeps changing may go
+    /// undecided before every member is downed, or turns that off with `None` (see
+    /// [`DowningConfig::down_all_when_unstable`]; default 4 s).
+    pub fn down_all_when_unstable(mut self, d: Option<Duration>) -> Self {
+        self.downing.down_all_when_unstable = d;
+        self
+    }
+
     /// Counts only members with this role in downing decisions.
     pub fn downing_role(mut self, role: impl Into<String>) -> Self {
         self.downing.role = Some(role.into());
