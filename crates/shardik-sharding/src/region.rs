@@ -54,6 +54,32 @@ pub(crate) type ShardStopped = Box<dyn FnOnce() + Send>;
 /// ([`ShardHost::force_stop_shard`]).
 pub(crate) type Unhandled<M> = Arc<dyn Fn(EntityId, Vec<M>) + Send + Sync>;
 
+/// One termination's hand-on of unhandled messages in a shard, counted in the region's
+/// `handing_on` while it lives (uncounted when dropped, also by a panic).
+struct HandingOn<'a> {
+    counts: &'a Mutex<std::collections::HashMap<ShardId, usize>>,
+    shard: ShardId,
+}
+
+impl<'a> HandingOn<'a> {
+    fn count(counts: &'a Mutex<std::collections::HashMap<ShardId, usize>>, shard: ShardId) -> Self {
+        *counts.lock().entry(shard).or_default() += 1;
+        HandingOn { counts, shard }
+    }
+}
+
+impl Drop for HandingOn<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock();
+        if let Some(n) = counts.get_mut(&self.shard) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.shard);
+            }
+        }
+    }
+}
+
 /// A region that can also stop whole shards: what the cluster layer hosts shards with.
 pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// Passivates every entity of `shard` (each handles what it has queued first) and calls
@@ -70,15 +96,15 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// if the shard is not stopping.
     fn force_stop_shard(&self, shard: ShardId, unhandled: Unhandled<M>);
 
-    /// True while an entity stopped by a [`force_stop_shard`](Self::force_stop_shard) has
-    /// ended and what it had not handled is on its way to its `unhandled` (decided, not yet
-    /// handed over), in any shard.
-    fn handing_on(&self) -> bool;
-
-    /// Calls off a [`stop_shard`](Self::stop_shard) (and a force stop) of `shard` whose
-    /// `done` nobody waits for (the fence's): the shard is hosted again. Entities still
-    /// stopping end as usual, and a new incarnation takes what they had not handled.
-    fn cancel_stop(&self, shard: ShardId);
+    /// Calls off the [`stop_shard`](Self::stop_shard) (and force stop) of each of `shards`,
+    /// whose `done` nobody waits for (the fence's), unless an entity
+    /// stopped by a [`force_stop_shard`](Self::force_stop_shard), in any shard, has ended and
+    /// is handing what it had not handled to its `unhandled`; returns whether it did. Atomic
+    /// with respect to terminations: one that sees a stop still forced is counted before
+    /// this looks, so a `true` means every such hand-over has been made (its `unhandled`
+    /// returned) and every later termination in `shards` starts a new incarnation here
+    /// with what it had not handled: the shards are hosted again.
+    fn cancel_stops_unless_handing_on(&self, shards: &[ShardId]) -> bool;
 
     /// Starts entity `id` of `shard` without a message if it has no incarnation (remembered
     /// entities on a new home), or as soon as its stopping incarnation has ended. The caller
@@ -289,26 +315,33 @@ impl<A: Actor> LocalRegion<A> {
         };
         let mut victims = Vec::new();
         let mut respawn = !self.system.is_shutting_down();
-        let (after, unhandled, handing) = {
+        let (after, unhandled, handing, counted) = {
             let mut state = self.shards[shard as usize].lock();
             // A force-stopped shard's entities are not started again here: what they had not
             // handled goes with the shard to its next home. Read under the shard's lock:
             // `force_stop_shard` registers the shard before it takes that lock, so either it
             // is seen here, or the entity this termination might restart is force-stopped
             // there.
-            let unhandled = self.forced.lock().get(&shard).cloned();
+            // Counted under the same lock as the read (see
+            // `cancel_stops_unless_handing_on`), before the entity's removal is visible to
+            // another termination's `check_stopping` (which takes the shard's lock), and
+            // uncounted once the hand-on below is made, or at once if there is none.
+            let (unhandled, counted) = {
+                let forced = self.forced.lock();
+                let unhandled = forced.get(&shard).cloned();
+                let counted = unhandled
+                    .as_ref()
+                    .map(|_| HandingOn::count(&self.handing_on, shard));
+                (unhandled, counted)
+            };
             respawn &= unhandled.is_none();
             let after = state.terminated(&id, ended, respawn, self.now(), |key| {
                 self.spawn_entity(shard, key)
             });
-            // Counted before the entity's removal is visible to another termination's
-            // `check_stopping` (which takes this lock), uncounted after the hand-on below.
             let handing = unhandled.is_some()
                 && !self.system.is_shutting_down()
                 && matches!(&after, AfterStop::Dropped(m) | AfterStop::Respawned { dropped: m, .. } if !m.is_empty());
-            if handing {
-                *self.handing_on.lock().entry(shard).or_default() += 1;
-            }
+            let counted = if handing { counted } else { None };
             if let Some(lru) = &self.lru {
                 let mut lru = lru.lock();
                 match &after {
@@ -326,7 +359,7 @@ impl<A: Actor> LocalRegion<A> {
                     AfterStop::Stale => {}
                 }
             }
-            (after, unhandled, handing)
+            (after, unhandled, handing, counted)
         };
         self.passivate_victims(victims);
         let dropped = match after {
@@ -339,13 +372,7 @@ impl<A: Actor> LocalRegion<A> {
             // The same decision as the count above (shutdown may start in between).
             Some(unhandled) if handing => {
                 unhandled(id.clone(), dropped);
-                let mut handing_on = self.handing_on.lock();
-                if let Some(n) = handing_on.get_mut(&shard) {
-                    *n -= 1;
-                    if *n == 0 {
-                        handing_on.remove(&shard);
-                    }
-                }
+                drop(counted);
                 Vec::new()
             }
             _ => dropped,
@@ -591,14 +618,17 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
         self.check_stopping(shard);
     }
 
-    fn handing_on(&self) -> bool {
-        !self.handing_on.lock().is_empty()
-    }
-
-    fn cancel_stop(&self, shard: ShardId) {
+    fn cancel_stops_unless_handing_on(&self, shards: &[ShardId]) -> bool {
         let mut stopping = self.stopping.lock();
-        self.forced.lock().remove(&shard);
-        stopping.remove(&shard);
+        let mut forced = self.forced.lock();
+        if !self.handing_on.lock().is_empty() {
+            return false;
+        }
+        for shard in shards {
+            forced.remove(shard);
+            stopping.remove(shard);
+        }
+        true
     }
 
     fn start_entity(&self, shard: ShardId, id: &str) {

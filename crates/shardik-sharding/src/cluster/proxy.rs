@@ -53,9 +53,8 @@ impl<M: Send + 'static> ShardHost<M> for NoHost<M> {
         done();
     }
     fn force_stop_shard(&self, _shard: ShardId, _unhandled: crate::region::Unhandled<M>) {}
-    fn cancel_stop(&self, _shard: ShardId) {}
-    fn handing_on(&self) -> bool {
-        false
+    fn cancel_stops_unless_handing_on(&self, _shards: &[ShardId]) -> bool {
+        true
     }
     fn start_entity(&self, _shard: ShardId, _id: &str) {}
     fn deliver_new(&self, shard: ShardId, id: &str, msg: M) -> (bool, Result<(), TellError<M>>) {

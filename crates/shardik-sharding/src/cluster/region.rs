@@ -330,7 +330,7 @@ where
     /// empty, no incarnation runs here when the shards start elsewhere after the node left.
     pub(crate) fn hold_for_leave(&self) {
         self.held_for_leave.store(true, Ordering::SeqCst);
-        self.on_fence(true);
+        self.on_fence(true, None);
     }
 
     /// Asks the coordinator to hand off every shard of this region.
@@ -695,13 +695,12 @@ where
         let mut sub = self.cluster.subscribe();
         let mut ticks = tokio::time::interval(tick);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        self.on_membership(None);
+        self.on_membership(None, &mut rx);
         loop {
             tokio::select! {
                 _ = system.shutdown_started() => break,
                 _ = ticks.tick() => {
-                    self.drain_events(&mut rx);
-                    self.on_membership(None);
+                    self.on_membership(None, &mut rx);
                     self.input(RegionInput::Tick);
                     self.resend_fences();
                 }
@@ -712,7 +711,6 @@ where
                 ev = sub.recv() => match ev {
                     Ok(Event::Stopped(_)) | Err(RecvError::Closed) => break,
                     Ok(Event::Cluster(ev)) => {
-                        self.drain_events(&mut rx);
                         // The event is published before the state it leads to: take a downed
                         // or removed member from the event itself.
                         let gone = match ev {
@@ -720,12 +718,9 @@ where
                             ClusterEvent::MemberRemoved { node, .. } => Some(node),
                             _ => None,
                         };
-                        self.on_membership(gone);
+                        self.on_membership(gone, &mut rx);
                     }
-                    Err(RecvError::Lagged(_)) => {
-                        self.drain_events(&mut rx);
-                        self.on_membership(None)
-                    }
+                    Err(RecvError::Lagged(_)) => self.on_membership(None, &mut rx),
                 },
             }
         }
@@ -749,28 +744,32 @@ where
     }
 
     fn on_event(&self, ev: RegionEvent<M>) {
-        match ev {
-            RegionEvent::ShardStopped(shard) => self.input(RegionInput::ShardStopped(shard)),
-            RegionEvent::Unhandled(shard, envelopes) => {
-                self.input(RegionInput::Unhandled { shard, envelopes })
-            }
-            RegionEvent::FencedUnhandled(shard, id, msgs) => {
-                self.on_fenced_unhandled(shard, &id, msgs)
-            }
-        }
+        let mut g = self.change();
+        self.on_event_in(&mut g, ev);
     }
 
-    /// Handles the events already queued, before a membership change that may lift the
-    /// fence: unhandled messages of entities the fence stopped must join the held ones
-    /// (ahead of them) before those are delivered, and `select!` would pick either first.
-    fn drain_events(&self, rx: &mut mpsc::UnboundedReceiver<RegionEvent<M>>) {
-        while let Ok(ev) = rx.try_recv() {
-            self.on_event(ev);
+    /// [`on_event`](Self::on_event) under the region's lock.
+    fn on_event_in(&self, g: &mut Inner<M>, ev: RegionEvent<M>) {
+        match ev {
+            RegionEvent::ShardStopped(shard) => {
+                self.handle_locked(g, RegionInput::ShardStopped(shard))
+            }
+            RegionEvent::Unhandled(shard, envelopes) => {
+                self.handle_locked(g, RegionInput::Unhandled { shard, envelopes })
+            }
+            RegionEvent::FencedUnhandled(shard, id, msgs) => {
+                self.on_fenced_unhandled_in(g, shard, &id, msgs)
+            }
         }
     }
 
     /// Reads the membership (plus `gone`, a member an event just reported downed or removed).
-    fn on_membership(&self, gone: Option<UniqueAddress>) {
+    /// `rx`, the region's events, is for a fence lift (see [`on_fence`](Self::on_fence)).
+    fn on_membership(
+        &self,
+        gone: Option<UniqueAddress>,
+        rx: &mut mpsc::UnboundedReceiver<RegionEvent<M>>,
+    ) {
         let state = self.cluster.state();
         let me = self.cluster.self_node();
         // Before this node is a member (the type may be started before it joined) it is not
@@ -783,7 +782,7 @@ where
             self.node_stopped();
             return;
         }
-        self.on_fence(state.fenced);
+        self.on_fence(state.fenced, Some(rx));
         let role = self.placement.role.as_deref();
         let dir = &self.placement.directory;
         // The region's proxy flag depends on this node's roles: wait until it is a member.
@@ -855,7 +854,13 @@ where
     /// are held, because the winning side restarts them `down_margin` after it downed this
     /// node. Lifted (a majority reachable again, no decision against this node): the held
     /// messages are delivered, in order, and entities start again on demand.
-    fn on_fence(&self, fenced: bool) {
+    ///
+    /// A lift first calls the stops off, which it does only while no entity the fence stopped
+    /// is handing its unhandled messages over (else it waits for the next tick); then it
+    /// takes the events already queued in `rx` (every such hand-over has sent its messages
+    /// by then) before it delivers what it held: the messages an entity had not handled are
+    /// older than those held for it meanwhile.
+    fn on_fence(&self, fenced: bool, rx: Option<&mut mpsc::UnboundedReceiver<RegionEvent<M>>>) {
         let mut g = self.change();
         // Read under the lock: a membership update that read the flag before a concurrent
         // `hold_for_leave` set it must not lift that hold.
@@ -884,32 +889,31 @@ where
                 }
             }
             (false, true) => {
-                // What entities stopped by the fence had not handled is older than what was
-                // held meanwhile. The event loop handles what already reached it before it
-                // reads the membership (`run`); what an entity that just ended is still
-                // handing over is waited for: the fence stays until the next tick.
-                if self.local.handing_on() {
+                let hosted = g.state.hosted_shards();
+                let hosting =
+                    |view: ShardView| matches!(view, ShardView::Local | ShardView::HandingOff);
+                let resumed: Vec<ShardId> = hosted
+                    .iter()
+                    .copied()
+                    .filter(|s| hosting(g.state.shard_view(*s)))
+                    .collect();
+                if !self.local.cancel_stops_unless_handing_on(&resumed) {
                     tracing::debug!(entity_type = %self.type_name, "fence lift waits for the unhandled messages of stopped entities");
                     return;
                 }
-                let held = g.fenced.take().unwrap_or_default();
-                let hosted = g.state.hosted_shards();
-                tracing::info!(entity_type = %self.type_name, held = held.len(), "fence lifted: hosting again");
-                // A shard still hosted here hosts again: the fence's stop of its entities is
-                // called off (those still ending come back with what they had not handled).
-                // So is one whose hand-off began but has not stopped it yet (its entities
-                // live until the hand-off stops them, and the hand-off may be called off);
-                // a shard the hand-off is stopping keeps stopping.
-                let hosting =
-                    |view: ShardView| matches!(view, ShardView::Local | ShardView::HandingOff);
-                // The stop is called off before remembered entities are started: one still
-                // ending is then started again when it has ended, not dropped with the
-                // forced stop's messages.
-                for shard in &hosted {
-                    if hosting(g.state.shard_view(*shard)) {
-                        self.local.cancel_stop(*shard);
+                if let Some(rx) = rx {
+                    while let Ok(ev) = rx.try_recv() {
+                        self.on_event_in(&mut g, ev);
                     }
                 }
+                let held = g.fenced.take().unwrap_or_default();
+                tracing::info!(entity_type = %self.type_name, held = held.len(), "fence lifted: hosting again");
+                // A shard still hosted here hosts again: the fence's stop of its entities was
+                // called off above (those still ending come back with what they had not
+                // handled). So is one whose hand-off began but has not stopped it yet (its
+                // entities live until the hand-off stops them, and the hand-off may be called
+                // off); a shard the hand-off is stopping keeps stopping. Remembered entities
+                // start after that: one still ending starts again when it has ended.
                 if let Some(r) = &self.placement.remember {
                     for shard in hosted {
                         if hosting(g.state.shard_view(shard)) {
@@ -994,8 +998,8 @@ where
     /// Messages an entity stopped by the fence had accepted but not handled: held ahead of
     /// the messages for the same entity that arrived while fenced (they are older), or, if
     /// the fence has been lifted meanwhile, delivered; dead letters once the node stopped.
-    fn on_fenced_unhandled(&self, shard: ShardId, id: &str, msgs: Vec<M>) {
-        let mut g = self.change();
+    /// Called with the region's lock held (`g`).
+    fn on_fenced_unhandled_in(&self, g: &mut Inner<M>, shard: ShardId, id: &str, msgs: Vec<M>) {
         if self.stopped.load(Ordering::SeqCst) {
             for _ in msgs {
                 self.dead_letter(id, "node stopped while fenced");
@@ -1020,7 +1024,7 @@ where
                     .into_iter()
                     .map(|m| Envelope::new(id, shard, m))
                     .collect();
-                self.handle_locked(&mut g, RegionInput::Unhandled { shard, envelopes });
+                self.handle_locked(g, RegionInput::Unhandled { shard, envelopes });
             }
         }
     }
