@@ -412,7 +412,7 @@ mod tests {
     use super::{PostgresOptions, PostgresStore};
     use crate::error::StoreError;
     use crate::record::AppendRequest;
-    use crate::store::Journal;
+    use crate::store::{Journal, SnapshotStore};
 
     /// The server at `SHARDIK_PG_URL`, or `None` (said on stderr) without one; with
     /// `SHARDIK_REQUIRE_PG` set, as in CI, a missing URL fails the test.
@@ -430,8 +430,9 @@ mod tests {
         }
     }
 
-    /// A batch that panics in a writer lane fails its writes with an error that says so (not
-    /// as a closed store), and the lane serves the next writes.
+    /// A batch that panics in a writer lane (inside its transaction, after the positions were
+    /// read) fails its writes with an error that says so (not as a closed store), and the
+    /// lane serves the next writes, committed, on another connection.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panicking_batch_fails_its_writes_and_the_lane_serves_on() {
         let Some(url) = pg_url() else { return };
@@ -462,8 +463,25 @@ mod tests {
             Err(StoreError::Backend(m)) => assert!(m.contains("panicked"), "{m}"),
             other => panic!("the panicking batch answered {other:?}"),
         }
+        // First after the panic, a batch of one statement (a snapshot), which is sent
+        // without `BEGIN`: on the panicked batch's connection it would run inside that
+        // batch's transaction and be answered without being committed.
+        let snapshot = crate::record::SnapshotRecord {
+            persistence_id: "snap".into(),
+            seq_nr: 1,
+            payload: crate::codec::Payload::encode_as("n", 1, &7u64).unwrap(),
+        };
+        assert_eq!(store.save(snapshot).await, Ok(()));
+        assert!(
+            matches!(store.load_latest("snap").await, Ok(Some(s)) if s.seq_nr == 1),
+            "the snapshot is committed"
+        );
         assert_eq!(store.append(append("before", 1)).await, Ok(2));
         assert_eq!(store.append(append("after", 0)).await, Ok(1));
+        // Committed, as read over another connection: the panic (inside the batch's
+        // transaction) did not leave the lane's connection in it for the writes after.
+        assert_eq!(store.highest_seq_nr("before").await, Ok(2));
+        assert_eq!(store.highest_seq_nr("after").await, Ok(1));
         assert_eq!(
             store.highest_seq_nr(crate::batch::PANIC_ID).await,
             Ok(0),

@@ -45,7 +45,9 @@ use tokio_postgres::{Client, Row, Statement};
 use super::known::Known;
 use super::sql::Sql;
 use super::{backend, connection_lost, pool_error, to_i64, to_u64};
-use crate::batch::{plan, Counters, Done, Op, Plan, Position, SnapshotStep, StateChange};
+use crate::batch::{
+    plan, Counters, Done, Op, PanicWitness, Plan, Position, SnapshotStep, StateChange,
+};
 use crate::error::StoreError;
 use crate::rules::check_write;
 
@@ -118,8 +120,9 @@ async fn write_batch(
     batch: &mut Vec<Op>,
 ) -> Vec<Done> {
     let mut results: Vec<Done> = Vec::with_capacity(batch.len());
-    #[cfg(test)]
-    crate::batch::panic_on_demand(batch);
+    // After `results`, so dropped before it if a panic unwinds this future: the callers whose
+    // reply slots `results` holds then find the mark set.
+    let _witness = PanicWitness(counters);
     // PostgreSQL text cannot hold NUL: refuse such a write alone instead of failing the
     // statement that carries the whole batch.
     if !batch.iter().all(storable) {
@@ -136,7 +139,7 @@ async fn write_batch(
         return results;
     }
     let mut client = match pool.get().await {
-        Ok(c) => c,
+        Ok(c) => Lent(Some(c)),
         Err(e) => {
             let e = pool_error(e);
             results.extend(batch.drain(..).map(|op| op.refuse(e.clone())));
@@ -172,9 +175,9 @@ async fn write_batch(
             }
             counters.retry("postgres");
             if lost || !failed.closed {
-                drop(Object::take(client));
+                drop(Object::take(client.give_up()));
                 client = match pool.get().await {
-                    Ok(c) => c,
+                    Ok(c) => Lent(Some(c)),
                     Err(e) => {
                         let e = pool_error(e);
                         results.extend(batch.drain(..).map(|op| op.refuse(e.clone())));
@@ -188,7 +191,7 @@ async fn write_batch(
         tracing::error!(error = %error, "PostgreSQL batch failed; every write in it is refused");
         if !failed.closed {
             // The transaction may still be open: never hand this connection out again.
-            drop(Object::take(client));
+            drop(Object::take(client.give_up()));
         }
         break match failed.plan {
             Some(mut outcomes) => {
@@ -317,6 +320,40 @@ fn positions(rows: &[Row]) -> Positions<'_> {
         .collect()
 }
 
+/// A pooled connection lent to one batch. If a panic unwinds the batch, the connection may
+/// be inside a transaction (`BEGIN` is a plain statement, which nothing rolls back when the
+/// batch's future goes away): it is then taken out of the pool and closed, so the server
+/// rolls the transaction back, instead of going back to the pool, where the next batch's
+/// writes would run inside it and be answered without ever being committed.
+struct Lent(Option<Object>);
+
+impl Lent {
+    /// The connection, to take out of the pool.
+    fn give_up(&mut self) -> Object {
+        self.0.take().expect("a lent connection is given up once")
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        self.0
+            .as_ref()
+            .expect("a lent connection is used before it is given up")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(client) = self.0.take() {
+                drop(Object::take(client));
+            }
+        }
+    }
+}
+
 /// Writes `batch` (sorted by persistence id) in one transaction; returns each operation's
 /// outcome once committed. Positions the lane remembers are trusted if `trust_known`.
 async fn write(
@@ -376,6 +413,8 @@ async fn write(
         }
     }
 
+    #[cfg(test)]
+    crate::batch::panic_on_demand(batch);
     // Check every write in Rust.
     let (streams, states) = (positions(&stream_rows), positions(&state_rows));
     let mut plan = match plan::<Infallible>(

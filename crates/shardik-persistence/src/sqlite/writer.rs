@@ -177,9 +177,10 @@ impl Replier {
             self.live.store(true, Ordering::Release);
             return;
         }
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Done>>();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Done>>();
         runtime.spawn(async move {
-            while let Some(batch) = rx.recv().await {
+            let mut rx = AnswerOnDrop(rx);
+            while let Some(batch) = rx.0.recv().await {
                 for done in batch {
                     done.send();
                 }
@@ -204,6 +205,23 @@ impl Replier {
         };
         for done in batch {
             done.send();
+        }
+    }
+}
+
+/// The reply task's queue. If the task is dropped with batches still queued (its runtime
+/// shut down), they are answered from there: they were committed, and their callers (on
+/// other runtimes) must not read a closed store. Closed first, so a batch sent meanwhile is
+/// refused and answered by the writer itself.
+struct AnswerOnDrop(tokio::sync::mpsc::UnboundedReceiver<Vec<Done>>);
+
+impl Drop for AnswerOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+        while let Ok(batch) = self.0.try_recv() {
+            for done in batch {
+                done.send();
+            }
         }
     }
 }
@@ -291,8 +309,6 @@ fn write_batch(
     counters: &Counters,
 ) -> Vec<Done> {
     let _witness = PanicWitness(counters);
-    #[cfg(test)]
-    crate::batch::panic_on_demand(&batch);
     let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
@@ -304,6 +320,9 @@ fn write_batch(
         let e = backend(e);
         return batch.into_iter().map(|op| op.refuse(e.clone())).collect();
     }
+    // Inside the write transaction, with the positions checked: what a panic must undo.
+    #[cfg(test)]
+    crate::batch::panic_on_demand(&batch);
     let mut read: Vec<(String, Position)> = Vec::new();
     let planned = {
         let (mut streams, mut states) = match (
