@@ -69,8 +69,10 @@ pub struct DowningConfig {
     /// a picture the other never saw. `None` turns it off. The measure starts when a member
     /// first becomes unreachable, and starts over once none is, or once the reachability
     /// picture has not changed for twice `stable_after` (a stable picture is decided the
-    /// usual way). Membership changes alone (joins, leaves) never trigger it. Default 4 s
-    /// (Akka: three quarters of `stable-after`, at least 4 s).
+    /// usual way), or after the leader downed a member. Membership changes alone (joins,
+    /// leaves) never trigger it. Off (`None`) by default: downing the whole cluster is a
+    /// choice for a deployment to make. Akka turns it on with three quarters of
+    /// `stable-after`, at least 4 s; [`DowningConfig::akka_unstable_bound`] computes that.
     pub down_all_when_unstable: Option<Duration>,
 }
 
@@ -82,8 +84,16 @@ impl Default for DowningConfig {
             strategy: Strategy::KeepMajority,
             stable_after: Duration::from_secs(2),
             role: None,
-            down_all_when_unstable: Some(Duration::from_secs(4)),
+            down_all_when_unstable: None,
         }
+    }
+}
+
+impl DowningConfig {
+    /// Akka's bound for [`down_all_when_unstable`](Self::down_all_when_unstable): three
+    /// quarters of `stable_after`, at least 4 s.
+    pub fn akka_unstable_bound(&self) -> Duration {
+        (self.stable_after * 3 / 4).max(Duration::from_secs(4))
     }
 }
 
@@ -585,10 +595,20 @@ impl InstabilityTimer {
         Self::default()
     }
 
+    /// Starts the measure over: the leader has just downed a member (a decision was taken).
+    pub fn reset(&mut self) {
+        self.since = None;
+    }
+
     /// Looks at the state at `now` (ms): true once the picture has been unstable for
     /// `stable_after` plus `down_all_when_unstable` since a member first became unreachable.
+    /// Members already `Down` are dealt with: they are left out of the picture.
     pub fn observe(&mut self, gossip: &Gossip, now: u64, config: &DowningConfig) -> bool {
-        let picture = reachability_picture(gossip);
+        let downed = gossip.downed();
+        let (mut flagged, mut flagging) = reachability_picture(gossip);
+        flagged.retain(|n| !downed.contains(n));
+        flagging.retain(|n| !downed.contains(n));
+        let picture = (flagged, flagging);
         let nobody_unreachable = picture.0.is_empty();
         if self.last.as_ref() != Some(&picture) {
             self.last = Some(picture);
@@ -604,7 +624,8 @@ impl InstabilityTimer {
             return false;
         }
         let since = *self.since.get_or_insert(now);
-        u128::from(now - since) >= config.stable_after.saturating_add(extra).as_millis()
+        u128::from(now.saturating_sub(since))
+            >= config.stable_after.saturating_add(extra).as_millis()
     }
 }
 

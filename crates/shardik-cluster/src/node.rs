@@ -446,9 +446,19 @@ impl MembershipNode {
             node = %me.node_id,
             members = all.len(),
             unreachable = self.gossip.unreachable_members().len(),
+            fenced = self.fence.active,
             "split brain resolver: the reachability picture kept changing for longer than \
-             stable_after plus down_all_when_unstable; downing every member, this one included"
+             stable_after plus down_all_when_unstable; downing every member, this one included \
+             (only this one if fenced)"
         );
+        // A fenced node's view of who is on its side may be wrong (as for its resolver's own
+        // decisions, see `on_tick`): it downs only itself, and its gossip tells nobody else
+        // to stop.
+        let all = if self.fence.active {
+            vec![me.clone()]
+        } else {
+            all
+        };
         let mut changed = false;
         for n in &all {
             changed |= self.gossip.set_status(n, MemberStatus::Down) == Ok(true);
@@ -523,6 +533,8 @@ impl MembershipNode {
                     changed |= self.gossip.set_status(n, MemberStatus::Down) == Ok(true);
                 }
                 if changed {
+                    // A decision was taken: the instability measure starts over.
+                    self.instability.reset();
                     self.gossip.touch(&me);
                     self.gossip_to_all(out);
                 }

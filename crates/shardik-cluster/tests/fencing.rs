@@ -219,9 +219,6 @@ fn a_leader_that_hears_a_member_does_not_down_it_on_stale_flags() {
         let mut config = Sim::config(uid(i, 1));
         // Time for node 2 to clear its flags before it could decide.
         config.downing.stable_after = std::time::Duration::from_secs(6);
-        // The picture here keeps changing on purpose, for longer than `stable_after` plus
-        // `down_all_when_unstable`: this test is about the resolver's own decisions.
-        config.downing.down_all_when_unstable = None;
         sim.start_with(config);
     }
     let ids: Vec<_> = (0..5).map(|i| uid(i, 1)).collect();

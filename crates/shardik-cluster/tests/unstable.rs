@@ -1,9 +1,9 @@
 //! Down all when unstable: a crashed member stays unreachable while links between the others
 //! keep breaking and healing, one after another, so the reachability picture never holds
 //! still for `stable_after` and the resolver never decides. Without a bound the crashed member would
-//! never be downed (its work would stay stranded for as long as the link flaps); with
-//! `down_all_when_unstable` every member is downed `stable_after` plus the bound after the
-//! crash was first flagged.
+//! never be downed (its work would stay stranded for as long as the links flap); with
+//! `down_all_when_unstable` (off by default) every member is downed `stable_after` plus the
+//! bound after the crash was first flagged.
 
 mod sim;
 
@@ -66,7 +66,10 @@ const STABLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[test]
 fn every_member_is_downed_when_the_picture_never_holds_still() {
-    let downing = DowningConfig::default();
+    let downing = DowningConfig {
+        down_all_when_unstable: Some(std::time::Duration::from_secs(4)),
+        ..DowningConfig::default()
+    };
     let bound = STABLE_AFTER + downing.down_all_when_unstable.unwrap();
     let (sim, flagged_at) = crash_while_a_link_flaps(downing, 20_000);
     let stopped: Vec<u64> = (0..3)

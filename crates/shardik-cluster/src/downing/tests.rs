@@ -738,9 +738,18 @@ fn stale_flags_of_a_node_now_on_the_other_side_let_only_one_side_go_on() {
     assert!(!would_down(&right, &n(3), &c) && !would_down(&right, &n(4), &c));
 }
 
-/// Observes `g` at `t` ms with the default settings.
+/// The default settings with down-all-when-unstable on (Akka's bound: 4 s).
+fn bounded() -> DowningConfig {
+    let c = DowningConfig::default();
+    DowningConfig {
+        down_all_when_unstable: Some(c.akka_unstable_bound()),
+        ..c
+    }
+}
+
+/// Observes `g` at `t` ms with [`bounded`] settings.
 fn unstable_at(timer: &mut InstabilityTimer, g: &Gossip, t: u64) -> bool {
-    timer.observe(g, t, &DowningConfig::default())
+    timer.observe(g, t, &bounded())
 }
 
 /// A flapping picture: n2 flagged by n0, then n1 flagged too, and so on, each for `every`
@@ -771,7 +780,13 @@ fn flap(
 fn a_picture_that_keeps_changing_trips_the_bound_after_stable_after_plus_it() {
     let g = cluster(3);
     let mut timer = InstabilityTimer::new();
-    let bound = stable() + DowningConfig::default().down_all_when_unstable.unwrap();
+    assert_eq!(
+        DowningConfig::default().down_all_when_unstable,
+        None,
+        "off by default"
+    );
+    let bound = stable() + bounded().down_all_when_unstable.unwrap();
+    assert_eq!(bound, std::time::Duration::from_secs(6));
     let said = flap(&mut timer, &g, 500, (0, 8_000));
     for (t, unstable) in said {
         assert_eq!(
@@ -846,5 +861,30 @@ fn membership_changes_alone_never_trip_the_bound_and_none_turns_it_off() {
             g.reachability_mut().unreachable(&n(0), &n(1));
         }
         assert!(!timer.observe(&g, t, &off), "at {t} ms");
+    }
+}
+
+#[test]
+fn a_decision_or_members_already_down_start_the_measure_over() {
+    let g = cluster(4);
+    // Flapping for 5 s, then the leader downs someone: the measure starts over.
+    let mut timer = InstabilityTimer::new();
+    flap(&mut timer, &g, 500, (0, 5_000));
+    timer.reset();
+    assert!(flap(&mut timer, &g, 500, (5_000, 10_500))
+        .iter()
+        .all(|(_, u)| !u));
+    // n2 and n1 flagged and n2 downed (not removed yet): n2 counts as dealt with, so only
+    // n1 coming and going changes the picture, and n1 flagged alone holds still.
+    let mut timer = InstabilityTimer::new();
+    let mut downed = g.clone();
+    downed.set_status(&n(2), MemberStatus::Down).unwrap();
+    for (i, t) in (0..20_000).step_by(500).enumerate() {
+        let mut g = downed.clone();
+        g.reachability_mut().unreachable(&n(0), &n(1));
+        if i % 2 == 1 {
+            g.reachability_mut().unreachable(&n(0), &n(2));
+        }
+        assert!(!unstable_at(&mut timer, &g, t), "at {t} ms");
     }
 }

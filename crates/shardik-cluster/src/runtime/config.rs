@@ -314,7 +314,8 @@ impl ClusterConfig {
 
     /// Sets how long past `stable_after` a reachability picture that keeps changing may go
     /// undecided before every member is downed, or turns that off with `None` (see
-    /// [`DowningConfig::down_all_when_unstable`]; default 4 s).
+    /// [`DowningConfig::down_all_when_unstable`]; off by default).
+    /// [`DowningConfig::akka_unstable_bound`] gives Akka's default bound.
     pub fn down_all_when_unstable(mut self, d: Option<Duration>) -> Self {
         self.downing.down_all_when_unstable = d;
         self
