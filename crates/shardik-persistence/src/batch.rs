@@ -18,7 +18,78 @@ use crate::error::StoreError;
 use crate::record::{AppendRequest, Incarnation, SnapshotRecord, StateWrite};
 use crate::rules::check_write;
 
-pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+/// A write's reply slot. Answered by the writer; dropped unanswered while a batch that holds
+/// it panics in the writer (while its thread unwinds, or inside [`AnswerAsPanicked`]), it
+/// answers itself that the outcome is unknown. Dropped unanswered otherwise, its caller
+/// reads a closed store: each slot says what happened to its own write, so a panic does not
+/// colour what later callers are told.
+pub(crate) struct Reply<T> {
+    tx: Option<oneshot::Sender<Result<T, StoreError>>>,
+    backend: &'static str,
+}
+
+impl<T> Reply<T> {
+    /// A slot for a write to `backend` (named in the panic's error) and its receiving end.
+    pub(crate) fn channel(
+        backend: &'static str,
+    ) -> (Self, oneshot::Receiver<Result<T, StoreError>>) {
+        let (tx, rx) = oneshot::channel();
+        (
+            Reply {
+                tx: Some(tx),
+                backend,
+            },
+            rx,
+        )
+    }
+
+    /// Answers the caller (who may have stopped waiting).
+    pub(crate) fn send(mut self, outcome: Result<T, StoreError>) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(outcome);
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        let Some(tx) = self.tx.take() else { return };
+        if std::thread::panicking() || DROPPING_PANICKED.with(std::cell::Cell::get) {
+            let _ = tx.send(Err(panicked(self.backend)));
+        }
+    }
+}
+
+/// The error of a write whose batch panicked in `backend`'s writer.
+pub(crate) fn panicked(backend: &str) -> StoreError {
+    StoreError::Backend(format!(
+        "the {backend} writer panicked while writing this batch (see the log): \
+         whether this write was stored is unknown"
+    ))
+}
+
+thread_local! {
+    /// Set while [`AnswerAsPanicked`] lives on this thread.
+    static DROPPING_PANICKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While it lives, reply slots dropped unanswered on this thread answer that their batch
+/// panicked: what drops a batch's future after `catch_unwind` caught its panic (the future,
+/// and the slots it took, outlive the unwinding).
+pub(crate) struct AnswerAsPanicked(());
+
+impl AnswerAsPanicked {
+    pub(crate) fn enter() -> Self {
+        DROPPING_PANICKED.with(|d| d.set(true));
+        AnswerAsPanicked(())
+    }
+}
+
+impl Drop for AnswerAsPanicked {
+    fn drop(&mut self) {
+        DROPPING_PANICKED.with(|d| d.set(false));
+    }
+}
 
 /// A write queued for a backend's writer.
 pub(crate) enum Op {
@@ -342,8 +413,8 @@ impl Done {
     /// Answers the caller (who may have stopped waiting).
     pub(crate) fn send(self) {
         match self {
-            Done::Number(tx, r) => drop(tx.send(r)),
-            Done::Unit(tx, r) => drop(tx.send(r)),
+            Done::Number(tx, r) => tx.send(r),
+            Done::Unit(tx, r) => tx.send(r),
         }
     }
 }
@@ -367,9 +438,6 @@ pub(crate) struct Counters {
     writes: AtomicU64,
     transactions: AtomicU64,
     retries: AtomicU64,
-    /// Set once a batch panicked in the writer: a write whose answer was dropped then says
-    /// so, where it would otherwise read as a closed store.
-    panicked: std::sync::atomic::AtomicBool,
 }
 
 /// A persistence id that makes a writer panic on the batch holding it (tests only).
@@ -384,38 +452,7 @@ pub(crate) fn panic_on_demand(batch: &[Op]) {
     }
 }
 
-/// Marks its writer's batch as panicked if it is dropped by a panic: declared as a batch
-/// function's first local, it is dropped before the batch (a parameter), so a caller whose
-/// reply slot the unwinding drops finds the mark set.
-pub(crate) struct PanicWitness<'a>(pub(crate) &'a Counters);
-
-impl Drop for PanicWitness<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.set_panicked();
-        }
-    }
-}
-
 impl Counters {
-    /// Records that a batch panicked in the writer.
-    pub(crate) fn set_panicked(&self) {
-        self.panicked.store(true, Ordering::SeqCst);
-    }
-
-    /// The error of a write whose reply slot was dropped unanswered by the `backend`'s
-    /// writer: a panic's, if one happened, else the store's closing.
-    pub(crate) fn unanswered(&self, backend: &str) -> StoreError {
-        if self.panicked.load(Ordering::SeqCst) {
-            StoreError::Backend(format!(
-                "the {backend} writer panicked while writing this batch (see the log): \
-                 whether this write was stored is unknown"
-            ))
-        } else {
-            StoreError::Closed
-        }
-    }
-
     /// Counts one transaction of `writes` writes, before its callers are answered.
     pub(crate) fn batch(&self, writes: usize, backend: &'static str) {
         metrics::histogram!("shardik_persistence_batch_size", "backend" => backend)
@@ -444,12 +481,52 @@ impl Counters {
 mod tests {
     use super::*;
 
+    /// What a reply slot's caller reads.
+    fn outcome(mut rx: oneshot::Receiver<Result<u64, StoreError>>) -> String {
+        match rx.try_recv() {
+            Ok(Ok(n)) => format!("answered {n}"),
+            Ok(Err(StoreError::Backend(m))) => m,
+            Ok(Err(e)) => format!("{e:?}"),
+            Err(oneshot::error::TryRecvError::Closed) => "closed".into(),
+            Err(oneshot::error::TryRecvError::Empty) => "waiting".into(),
+        }
+    }
+
+    #[test]
+    fn a_reply_slot_says_its_batch_panicked_only_if_it_did() {
+        let (answered, rx_answered) = Reply::<u64>::channel("SQLite");
+        answered.send(Ok(7));
+        assert_eq!(outcome(rx_answered), "answered 7");
+        // Dropped while a panic unwinds (the SQLite writer's batch).
+        let (slot, rx_unwound) = Reply::<u64>::channel("SQLite");
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _held = slot;
+            panic!("a test made the batch panic");
+        }));
+        assert!(caught.is_err());
+        let m = outcome(rx_unwound);
+        assert!(m.contains("SQLite writer panicked"), "{m}");
+        // Dropped after the unwinding, as a caught future is (the PostgreSQL lane's).
+        let (slot, rx_after) = Reply::<u64>::channel("PostgreSQL");
+        {
+            let _answer = AnswerAsPanicked::enter();
+            drop(slot);
+        }
+        let m = outcome(rx_after);
+        assert!(m.contains("PostgreSQL writer panicked"), "{m}");
+        // A slot dropped later for another reason (a writer gone at shutdown) is not
+        // coloured by the earlier panics: its caller reads a closed store.
+        let (slot, rx_closed) = Reply::<u64>::channel("PostgreSQL");
+        drop(slot);
+        assert_eq!(outcome(rx_closed), "closed");
+    }
+
     fn payload(n: u64) -> Payload {
         Payload::encode_as("n", 1, &n).unwrap()
     }
 
     fn append(pid: &str, expected: u64, writer: u64, events: &[u64]) -> Op {
-        let (tx, _) = oneshot::channel();
+        let (tx, _) = Reply::channel("test");
         Op::Append(
             AppendRequest {
                 persistence_id: pid.into(),
@@ -462,7 +539,7 @@ mod tests {
     }
 
     fn upsert(pid: &str, expected: u64, writer: u64) -> Op {
-        let (tx, _) = oneshot::channel();
+        let (tx, _) = Reply::channel("test");
         Op::Upsert(
             StateWrite {
                 persistence_id: pid.into(),
@@ -475,11 +552,11 @@ mod tests {
     }
 
     fn delete_events(pid: &str, to: u64) -> Op {
-        Op::DeleteEvents(pid.into(), to, oneshot::channel().0)
+        Op::DeleteEvents(pid.into(), to, Reply::channel("test").0)
     }
 
     fn delete_state(pid: &str, expected: u64) -> Op {
-        Op::DeleteState(pid.into(), expected, oneshot::channel().0)
+        Op::DeleteState(pid.into(), expected, Reply::channel("test").0)
     }
 
     fn stored(pid: &str) -> Result<Position, ()> {

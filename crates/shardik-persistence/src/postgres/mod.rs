@@ -26,7 +26,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
 
 use crate::batch::{Counters, Op, Reply, WriterStats};
@@ -256,7 +256,7 @@ impl PostgresStore {
     }
 
     async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, StoreError> {
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = Reply::channel("PostgreSQL");
         let op = make(tx);
         let lane = if self.lanes.len() == 1 {
             0
@@ -266,7 +266,9 @@ impl PostgresStore {
             (std::hash::Hasher::finish(&hasher) % self.lanes.len() as u64) as usize
         };
         self.lanes[lane].send(op).map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| self.stats.unanswered("PostgreSQL"))?
+        // A slot dropped unanswered says so itself if its batch panicked: dropped
+        // otherwise, the writer is gone.
+        rx.await.map_err(|_| StoreError::Closed)?
     }
 
     /// Runs one statement (which must be safe to repeat) on a pooled connection. A

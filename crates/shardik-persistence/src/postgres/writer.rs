@@ -46,7 +46,7 @@ use super::known::Known;
 use super::sql::Sql;
 use super::{backend, connection_lost, pool_error, to_i64, to_u64};
 use crate::batch::{
-    plan, Counters, Done, Op, PanicWitness, Plan, Position, SnapshotStep, StateChange,
+    plan, AnswerAsPanicked, Counters, Done, Op, Plan, Position, SnapshotStep, StateChange,
 };
 use crate::error::StoreError;
 use crate::rules::check_write;
@@ -78,16 +78,21 @@ pub(super) async fn run(
         batch.sort_by(|a, b| a.persistence_id().cmp(b.persistence_id()));
         // Drained, not moved: the buffer keeps its capacity for the next batch.
         let written = {
-            let write = std::panic::AssertUnwindSafe(write_batch(
-                &pool, &sql, &mut known, &counters, &mut batch,
-            ))
-            .catch_unwind();
-            tokio::pin!(write);
+            // Boxed, so that it can be dropped here: the unwinding of a panic drops the live
+            // locals of the batch's async fns (reply slots among them, which answer that
+            // their batch panicked); whatever the future still holds is dropped below, and
+            // answers likewise.
+            let mut write = Box::pin(
+                std::panic::AssertUnwindSafe(write_batch(
+                    &pool, &sql, &mut known, &counters, &mut batch,
+                ))
+                .catch_unwind(),
+            );
             let written = write.as_mut().await;
             if written.is_err() {
-                // Before the batch's future (and the reply slots it took) is dropped, so
-                // that those callers learn that it panicked.
-                counters.set_panicked();
+                // Those callers learn that their batch panicked.
+                let _answer = AnswerAsPanicked::enter();
+                drop(write);
             }
             written
         };
@@ -100,7 +105,7 @@ pub(super) async fn run(
                 );
                 // What it knew of the streams may be half true now.
                 known = Known::new(known_positions);
-                let error = counters.unanswered("PostgreSQL");
+                let error = crate::batch::panicked("PostgreSQL");
                 batch.drain(..).map(|op| op.refuse(error.clone())).collect()
             }
         };
@@ -120,9 +125,6 @@ async fn write_batch(
     batch: &mut Vec<Op>,
 ) -> Vec<Done> {
     let mut results: Vec<Done> = Vec::with_capacity(batch.len());
-    // After `results`, so dropped before it if a panic unwinds this future: the callers whose
-    // reply slots `results` holds then find the mark set.
-    let _witness = PanicWitness(counters);
     // PostgreSQL text cannot hold NUL: refuse such a write alone instead of failing the
     // statement that carries the whole batch.
     if !batch.iter().all(storable) {

@@ -191,9 +191,11 @@ impl SqliteStore {
 
     async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, StoreError> {
         self.replier.ensure();
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = Reply::channel("SQLite");
         self.writes.send(make(tx)).map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| self.stats.unanswered("SQLite"))?
+        // A slot dropped unanswered says so itself if its batch panicked: dropped
+        // otherwise, the writer is gone.
+        rx.await.map_err(|_| StoreError::Closed)?
     }
 
     async fn read<T: Send + 'static>(

@@ -25,9 +25,7 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::schema::{backend, now_millis, to_i64, to_u64};
-use crate::batch::{
-    plan, Counters, Done, Op, PanicWitness, Plan, Position, RememberedPositions, SnapshotStep,
-};
+use crate::batch::{plan, Counters, Done, Op, Plan, Position, RememberedPositions, SnapshotStep};
 
 const SELECT_STREAM: &str =
     "SELECT highest_seq_nr, writer FROM journal_meta WHERE persistence_id = ?1";
@@ -101,18 +99,13 @@ pub(super) fn run(
         }
         counters.batch(batch.len(), "sqlite");
         let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            write_batch(
-                &mut conn,
-                std::mem::take(&mut batch),
-                &mut positions,
-                counters,
-            )
+            write_batch(&mut conn, std::mem::take(&mut batch), &mut positions)
         }));
         match written {
             Ok(done) => replier.answer(done),
             Err(panic) => {
-                // The batch's callers were answered with an error as it unwound (see
-                // `PanicWitness`); the writer serves on, and it forgets what it knew of the
+                // The batch's callers were answered with an error as it unwound (their
+                // reply slots were dropped: see `Reply`); the writer serves on, and it forgets what it knew of the
                 // streams, which the failed batch may have left half true.
                 tracing::error!(
                     panic = %shardik_actor::panic_message(&*panic),
@@ -302,13 +295,7 @@ impl Positions {
 
 /// One transaction for the whole batch: read the positions, check every write, write the
 /// accepted ones, commit.
-fn write_batch(
-    conn: &mut Connection,
-    batch: Vec<Op>,
-    positions: &mut Positions,
-    counters: &Counters,
-) -> Vec<Done> {
-    let _witness = PanicWitness(counters);
+fn write_batch(conn: &mut Connection, batch: Vec<Op>, positions: &mut Positions) -> Vec<Done> {
     let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
