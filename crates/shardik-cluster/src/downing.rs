@@ -604,6 +604,12 @@ impl InstabilityTimer {
     /// `stable_after` plus `down_all_when_unstable` since a member first became unreachable.
     /// Members already `Down` are dealt with: they are left out of the picture.
     pub fn observe(&mut self, gossip: &Gossip, now: u64, config: &DowningConfig) -> bool {
+        let Some(extra) = config.down_all_when_unstable else {
+            // Off: nothing to measure (and nothing carried over should it be turned on).
+            self.last = None;
+            self.since = None;
+            return false;
+        };
         let downed = gossip.downed();
         let (mut flagged, mut flagging) = reachability_picture(gossip);
         flagged.retain(|n| !downed.contains(n));
@@ -614,10 +620,6 @@ impl InstabilityTimer {
             self.last = Some(picture);
             self.changed_at = now;
         }
-        let Some(extra) = config.down_all_when_unstable else {
-            self.since = None;
-            return false;
-        };
         let stable_for = now.saturating_sub(self.changed_at);
         if nobody_unreachable || u128::from(stable_for) >= 2 * config.stable_after.as_millis() {
             self.since = None;

@@ -482,9 +482,10 @@ impl MembershipNode {
         let unstable = self
             .instability
             .observe(&self.gossip, now, &self.config.downing);
-        if unstable && self.gossip.leader(&me).as_ref() == Some(&me) {
+        let leading = self.gossip.leader(&me).as_ref() == Some(&me);
+        if unstable && leading {
             self.down_all_when_unstable(&me, out);
-        } else if self.gossip.leader(&me).as_ref() == Some(&me) {
+        } else if leading {
             let decision = decide(&self.gossip, &me, stable_for, &self.config.downing);
             if let Some(d) = decision {
                 // A fenced node cannot fully trust its view of the others. While the resolver
