@@ -152,7 +152,9 @@ impl<A: Actor> EntityType<A> {
     }
 
     /// Caps the messages buffered for one entity while it stops (default 10 000). A message
-    /// over the cap is refused: `try_tell` reports it and `tell` records a dead letter.
+    /// over the cap is refused: `try_tell` reports it and `tell` records a dead letter. The
+    /// cap bounds what senders add: messages a cluster node accepted earlier (held while it
+    /// was fenced, or not handled by an entity the node stopped) are buffered past it.
     pub fn buffer_limit(mut self, limit: usize) -> Self {
         self.buffer_limit = limit;
         self

@@ -117,6 +117,16 @@ pub(crate) trait ShardHost<M>: RegionCore<M> {
     /// more.
     fn deliver_new(&self, shard: ShardId, id: &str, msg: M) -> (bool, Result<(), TellError<M>>);
 
+    /// [`deliver_new`](Self::deliver_new) for a message this node accepted already (a fence
+    /// held it, or an entity stopped before it handled it): an entity still stopping buffers
+    /// it past the type's `buffer_limit`, which bounds only what senders add.
+    fn deliver_accepted(
+        &self,
+        shard: ShardId,
+        id: &str,
+        msg: M,
+    ) -> (bool, Result<(), TellError<M>>);
+
     /// Sets the fencing token entities of `shard` are started with from now on (the token of
     /// the shard's allocation here; `None`: the coordinator gave none).
     fn set_fencing_token(&self, shard: ShardId, token: Option<FencingToken>);
@@ -462,14 +472,18 @@ impl<A: Actor> LocalRegion<A> {
 }
 
 impl<A: Actor> LocalRegion<A> {
-    /// [`ShardHost::deliver_new`]; inlined into [`RegionCore::deliver`] too, where the flag
-    /// is dropped.
+    /// [`ShardHost::deliver_new`]; inlined into [`RegionCore::deliver`] too, where the
+    /// returned flag is dropped.
+    ///
+    /// With `accepted` it is [`ShardHost::deliver_accepted`]: a constant at every call, so
+    /// the hot path pays nothing for it.
     #[inline(always)]
     fn deliver_tracked(
         &self,
         shard: ShardId,
         id: &str,
         msg: A::Msg,
+        accepted: bool,
     ) -> (bool, Result<(), TellError<A::Msg>>) {
         // Once the system shuts down no entity handles another message (each is being
         // stopped) and none may start, so refuse at once: `tell` records the dead letter now,
@@ -485,10 +499,15 @@ impl<A: Actor> LocalRegion<A> {
         let mut spawned = false;
         let delivery = {
             let mut state = self.shards[shard as usize].lock();
-            let delivery = state.deliver(id, msg, self.now(), |key| {
+            let spawn = |key: &EntityId| {
                 spawned = true;
                 self.spawn_entity(shard, key)
-            });
+            };
+            let delivery = if accepted {
+                state.deliver_accepted(id, msg, self.now(), spawn)
+            } else {
+                state.deliver(id, msg, self.now(), spawn)
+            };
             self.track(id, &delivery, &mut victims);
             delivery
         };
@@ -559,7 +578,16 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
         id: &str,
         msg: A::Msg,
     ) -> (bool, Result<(), TellError<A::Msg>>) {
-        self.deliver_tracked(shard, id, msg)
+        self.deliver_tracked(shard, id, msg, false)
+    }
+
+    fn deliver_accepted(
+        &self,
+        shard: ShardId,
+        id: &str,
+        msg: A::Msg,
+    ) -> (bool, Result<(), TellError<A::Msg>>) {
+        self.deliver_tracked(shard, id, msg, true)
     }
 
     fn set_fencing_token(&self, shard: ShardId, token: Option<FencingToken>) {
@@ -621,6 +649,9 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
     fn cancel_stops_unless_handing_on(&self, shards: &[ShardId]) -> bool {
         let mut stopping = self.stopping.lock();
         let mut forced = self.forced.lock();
+        // Any shard's, not only those of `shards`: the caller then delivers what it held for
+        // every shard, and a shard not resumed may have a home by then (its held messages
+        // forwarded at once), so a hand-over still on its way would reach it behind them.
         if !self.handing_on.lock().is_empty() {
             return false;
         }
@@ -651,7 +682,7 @@ impl<A: Actor> ShardHost<A::Msg> for LocalRegion<A> {
 impl<A: Actor> RegionCore<A::Msg> for LocalRegion<A> {
     #[inline]
     fn deliver(&self, shard: ShardId, id: &str, msg: A::Msg) -> Result<(), TellError<A::Msg>> {
-        self.deliver_tracked(shard, id, msg).1
+        self.deliver_tracked(shard, id, msg, false).1
     }
 
     fn shard_count(&self) -> u32 {

@@ -142,6 +142,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
 
     /// Routes `msg` to entity `id` at coarse time `now`, spawning it with `spawn` if it has
     /// no incarnation.
+    #[inline]
     pub fn deliver(
         &mut self,
         id: &str,
@@ -149,10 +150,45 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
         now: u64,
         spawn: impl FnOnce(&EntityId) -> H,
     ) -> Delivery<M> {
+        self.deliver_within(id, msg, now, spawn, false)
+    }
+
+    /// As [`deliver`](Self::deliver), for a message accepted already (a fence held it, or an
+    /// entity stopped before it handled it): an entity still stopping buffers it past the
+    /// shard's `buffer_limit`, which bounds only what senders add, and a running one takes
+    /// it past a bounded mailbox's capacity ([`EntityHandle::hand_over`]).
+    pub fn deliver_accepted(
+        &mut self,
+        id: &str,
+        msg: M,
+        now: u64,
+        spawn: impl FnOnce(&EntityId) -> H,
+    ) -> Delivery<M> {
+        self.deliver_within(id, msg, now, spawn, true)
+    }
+
+    /// [`deliver`](Self::deliver), or [`deliver_accepted`](Self::deliver_accepted) if
+    /// `accepted` (a constant at both calls).
+    #[inline(always)]
+    fn deliver_within(
+        &mut self,
+        id: &str,
+        msg: M,
+        now: u64,
+        spawn: impl FnOnce(&EntityId) -> H,
+        accepted: bool,
+    ) -> Delivery<M> {
+        let tell = |handle: &H, msg: M| {
+            if accepted {
+                handle.hand_over(msg)
+            } else {
+                handle.try_tell(msg)
+            }
+        };
         let Some(slot) = self.entities.get_mut(id) else {
             let key: EntityId = id.into();
             let handle = spawn(&key);
-            let result = handle.try_tell(msg);
+            let result = tell(&handle, msg);
             self.entities.insert(
                 Key::new(id),
                 Slot::Active {
@@ -167,7 +203,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
             };
         };
         match slot {
-            Slot::Active { handle, touched } => match handle.try_tell(msg) {
+            Slot::Active { handle, touched } => match tell(handle, msg) {
                 Ok(()) => {
                     if *touched != now {
                         *touched = now;
@@ -191,7 +227,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                 }
             },
             Slot::Stopping { buffer, .. } => {
-                if buffer.len() >= self.buffer_limit {
+                if !accepted && buffer.len() >= self.buffer_limit {
                     Delivery::Rejected(TellError::MailboxFull(msg))
                 } else {
                     buffer.push_back(msg);
@@ -471,6 +507,8 @@ mod tests {
         stopped_now: Rc<RefCell<bool>>,
         /// Closes itself once its inbox holds this many messages (it stopped itself).
         close_after: Option<usize>,
+        /// A bounded mailbox: `try_tell` refuses once the inbox holds this many.
+        bound: Option<usize>,
     }
 
     impl EntityHandle<u32> for Fake {
@@ -478,6 +516,12 @@ mod tests {
             self.inc
         }
         fn try_tell(&self, msg: u32) -> Result<(), TellError<u32>> {
+            if self.bound.is_some_and(|b| self.inbox.borrow().len() >= b) {
+                return Err(TellError::MailboxFull(msg));
+            }
+            self.hand_over(msg)
+        }
+        fn hand_over(&self, msg: u32) -> Result<(), TellError<u32>> {
             if *self.closed.borrow() {
                 Err(TellError::Stopped(msg))
             } else {
@@ -502,6 +546,8 @@ mod tests {
         spawned: Vec<Fake>,
         /// `close_after` of the fakes spawned from now on.
         close_after: Option<usize>,
+        /// `bound` of the fakes spawned from now on.
+        bound: Option<usize>,
     }
 
     impl Spawner {
@@ -514,6 +560,7 @@ mod tests {
                 passivated: Default::default(),
                 stopped_now: Default::default(),
                 close_after: self.close_after,
+                bound: self.bound,
             };
             self.spawned.push(f.clone());
             f
@@ -571,6 +618,68 @@ mod tests {
             AfterStop::Removed
         );
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_stopping_entity_buffers_accepted_messages_past_the_cap_that_bounds_senders() {
+        let mut s = ShardState::new(2);
+        let mut sp = Spawner::default();
+        tell(&mut s, &mut sp, 1);
+        assert!(s.passivate("a"));
+        assert_eq!(tell(&mut s, &mut sp, 2), Delivery::Buffered);
+        assert_eq!(tell(&mut s, &mut sp, 3), Delivery::Buffered);
+        assert_eq!(
+            tell(&mut s, &mut sp, 4),
+            Delivery::Rejected(TellError::MailboxFull(4)),
+            "a sender's message past the cap is refused"
+        );
+        for n in 5..=7 {
+            assert_eq!(
+                s.deliver_accepted("a", n, 0, |_| sp.spawn()),
+                Delivery::Buffered
+            );
+        }
+        // The next incarnation gets every buffered message, in order.
+        assert_eq!(
+            end(&mut s, &mut sp, 1, vec![], false, true),
+            AfterStop::Respawned {
+                delivered: 5,
+                dropped: vec![]
+            }
+        );
+        assert_eq!(*sp.spawned[1].inbox.borrow(), vec![2, 3, 5, 6, 7]);
+    }
+
+    #[test]
+    fn a_running_entity_takes_accepted_messages_past_a_bounded_mailbox() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner {
+            bound: Some(1),
+            ..Spawner::default()
+        };
+        assert_eq!(
+            s.deliver_accepted("a", 1, 0, |_| sp.spawn()),
+            Delivery::Spawned
+        );
+        assert_eq!(
+            tell(&mut s, &mut sp, 2),
+            Delivery::Rejected(TellError::MailboxFull(2)),
+            "a sender's message past the bound is refused"
+        );
+        assert_eq!(
+            s.deliver_accepted("a", 3, 0, |_| sp.spawn()),
+            Delivery::Delivered
+        );
+        assert_eq!(
+            s.deliver_accepted("b", 4, 0, |_| sp.spawn()),
+            Delivery::Spawned
+        );
+        assert_eq!(
+            s.deliver_accepted("b", 5, 0, |_| sp.spawn()),
+            Delivery::Delivered
+        );
+        assert_eq!(*sp.spawned[0].inbox.borrow(), vec![1, 3]);
+        assert_eq!(*sp.spawned[1].inbox.borrow(), vec![4, 5]);
     }
 
     #[test]

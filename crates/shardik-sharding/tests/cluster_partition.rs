@@ -175,22 +175,7 @@ async fn a_remembered_entity_still_stopping_when_the_fence_lifts_starts_again() 
         ids.contains(&busy) && ids.contains(&mate)
     })
     .await;
-    region.tell(
-        &busy,
-        Msg::Slow {
-            sender: 9,
-            seq: 0,
-            ms: u64::MAX,
-        },
-    );
-    poll("the busy entity works", Duration::from_secs(5), || {
-        reg.slow_started.lock().contains(&busy)
-    })
-    .await;
-    for other in ["n0", "n1"] {
-        faults.cut_both("n2", other);
-    }
-    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    fence_n2_while_gated(&nodes, &faults, &reg, &busy).await;
     poll("the idle mate stopped", Duration::from_secs(5), || {
         reg.live_of(&mate) == 0
     })
@@ -216,6 +201,79 @@ async fn a_remembered_entity_still_stopping_when_the_fence_lifts_starts_again() 
     reg.assert_stream(&busy, &[9], 1);
     reg.assert_single_writer();
     stop_all(&nodes).await;
+}
+
+/// Messages held while fenced for an entity still finishing its message when the fence
+/// lifts wait for its next incarnation even past the type's cap on what a stopping entity
+/// buffers: they were accepted. Before 2026-11-29 the cap made all but the first two of them
+/// dead letters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_messages_for_an_entity_still_stopping_at_the_lift_are_not_capped() {
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    let tune = |c: shardik_cluster::runtime::ClusterConfig| c.stable_after(Duration::from_secs(20));
+    let cap = |t: shardik_sharding::EntityType<Probe>| t.buffer_limit(2);
+    let nodes = cluster_tuned(3, 12, &reg, Some(&faults), &cap, &tune).await;
+    let mut on_n2: Vec<String> = Vec::new();
+    for i in 0..100 {
+        let id = format!("e{i:02}");
+        if where_is(&nodes[0], &id).await == "n2" {
+            on_n2.push(id);
+        }
+        if on_n2.len() == 2 {
+            break;
+        }
+    }
+    let [busy, other] = <[String; 2]>::try_from(on_n2).expect("two of e00..e99 on n2");
+    let region = &nodes[2].region;
+    fence_n2_while_gated(&nodes, &faults, &reg, &busy).await;
+    // Held by the fence as they are sent (n2's region takes them while fenced).
+    for seq in 1..=5 {
+        region.tell(&busy, Msg::Add { sender: 9, seq });
+    }
+    region.tell(&other, Msg::Add { sender: 9, seq: 0 });
+    faults.heal_all();
+    wait_state(&nodes[2].cluster, "n2 unfenced", |s| !s.fenced).await;
+    // The lift delivers everything it held at once: `other`'s message marks it done.
+    poll("the lift delivered", Duration::from_secs(20), || {
+        handled(&reg, &other) == 1
+    })
+    .await;
+    assert_eq!(reg.live_of(&busy), 1, "held in its message by the gate");
+    assert_eq!(handled(&reg, &busy), 0);
+    reg.gate.open();
+    poll(
+        "the busy entity handled all",
+        Duration::from_secs(20),
+        || handled(&reg, &busy) == 6,
+    )
+    .await;
+    assert_eq!(reg.homes.lock()[&busy], ["n2", "n2"]);
+    reg.assert_stream(&busy, &[9], 6);
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
+/// Has `busy` (hosted on n2) start a message from sender 9 (seq 0) that waits on the
+/// registry's gate, waits until it works on it, then cuts n2 off from the others and waits
+/// until n2 is fenced.
+async fn fence_n2_while_gated(nodes: &[Node], faults: &FaultInjector, reg: &Registry, busy: &str) {
+    nodes[2].region.tell(
+        busy,
+        Msg::Slow {
+            sender: 9,
+            seq: 0,
+            ms: u64::MAX,
+        },
+    );
+    poll("the busy entity works", Duration::from_secs(5), || {
+        reg.slow_started.lock().contains(busy)
+    })
+    .await;
+    for peer in ["n0", "n1"] {
+        faults.cut_both("n2", peer);
+    }
+    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
 }
 
 /// The id of an entity hosted on node `name` (asked through `via`).

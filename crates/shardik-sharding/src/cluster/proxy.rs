@@ -60,5 +60,13 @@ impl<M: Send + 'static> ShardHost<M> for NoHost<M> {
     fn deliver_new(&self, shard: ShardId, id: &str, msg: M) -> (bool, Result<(), TellError<M>>) {
         (false, self.deliver(shard, id, msg))
     }
+    fn deliver_accepted(
+        &self,
+        shard: ShardId,
+        id: &str,
+        msg: M,
+    ) -> (bool, Result<(), TellError<M>>) {
+        (false, self.deliver(shard, id, msg))
+    }
     fn set_fencing_token(&self, _shard: ShardId, _token: Option<crate::FencingToken>) {}
 }

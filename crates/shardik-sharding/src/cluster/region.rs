@@ -430,6 +430,17 @@ where
         result
     }
 
+    /// What the state machine's `DeliverAccepted` does: [`deliver_here`](Self::deliver_here)
+    /// for a message this node accepted already, which no entity buffer's cap or bounded
+    /// mailbox refuses now.
+    fn deliver_accepted_here(&self, shard: ShardId, id: &str, msg: M) -> Result<(), TellError<M>> {
+        let (started, result) = self.local.deliver_accepted(shard, id, msg);
+        if let (true, Some(r)) = (started, &self.placement.remember) {
+            r.delivered(shard, id);
+        }
+        result
+    }
+
     /// Delivers `env` to the local entity if its shard is taken directly, or hands it back
     /// for the state machine.
     fn deliver_directly(&self, env: Envelope<M>) -> Option<Envelope<M>> {
@@ -512,35 +523,46 @@ where
         }
     }
 
+    /// Carries out a `DeliverLocal` (or, if `accepted`, a `DeliverAccepted`) under the region
+    /// lock: held while the node is fenced, else handed to the local entity.
+    fn deliver_action(&self, g: &mut Inner<M>, env: Envelope<M>, accepted: bool) {
+        let Envelope {
+            entity_id,
+            shard,
+            payload,
+            ..
+        } = env;
+        if self.stopped.load(Ordering::SeqCst) {
+            // Never start an entity on a node that stopped hosting.
+            self.dead_letter(&entity_id, "cluster node stopped");
+            return;
+        }
+        if let Some(held) = &mut g.fenced {
+            // What was accepted already is kept past the held buffer's bound.
+            if accepted || held.len() < g.buffer_limit {
+                held.push((shard, entity_id, payload));
+            } else {
+                metrics::counter!("shardik_sharding_fenced_dropped_total", "entity_type" => self.type_name.clone()).increment(1);
+                self.dead_letter(&entity_id, "node fenced and its buffer full");
+            }
+            return;
+        }
+        let delivered = if accepted {
+            self.deliver_accepted_here(shard, &entity_id, payload)
+        } else {
+            self.deliver_here(shard, &entity_id, payload)
+        };
+        if delivered.is_err() {
+            self.dead_letter(&entity_id, "entity refused the message");
+        }
+    }
+
     /// Carries out `out` in order, under the region lock.
     fn execute(&self, g: &mut Inner<M>, out: &mut Vec<RegionAction<M>>) {
         for action in out.drain(..) {
             match action {
-                RegionAction::DeliverLocal(env) => {
-                    let Envelope {
-                        entity_id,
-                        shard,
-                        payload,
-                        ..
-                    } = env;
-                    if self.stopped.load(Ordering::SeqCst) {
-                        // Never start an entity on a node that stopped hosting.
-                        self.dead_letter(&entity_id, "cluster node stopped");
-                        continue;
-                    }
-                    if let Some(held) = &mut g.fenced {
-                        if held.len() < g.buffer_limit {
-                            held.push((shard, entity_id, payload));
-                        } else {
-                            metrics::counter!("shardik_sharding_fenced_dropped_total", "entity_type" => self.type_name.clone()).increment(1);
-                            self.dead_letter(&entity_id, "node fenced and its buffer full");
-                        }
-                        continue;
-                    }
-                    if self.deliver_here(shard, &entity_id, payload).is_err() {
-                        self.dead_letter(&entity_id, "entity refused the message");
-                    }
-                }
+                RegionAction::DeliverLocal(env) => self.deliver_action(g, env, false),
+                RegionAction::DeliverAccepted(env) => self.deliver_action(g, env, true),
                 RegionAction::ToPeer { to, msg } => {
                     tracing::trace!(entity_type = %self.type_name, region = %self.self_id, %to, "to peer");
                     let r = g.peers.entry(to.clone()).or_insert_with(|| {
@@ -610,7 +632,7 @@ where
                                 .into_iter()
                                 .map(|(_, id, msg)| Envelope::new(&id, shard, msg))
                                 .collect();
-                            self.handle_locked(g, RegionInput::Unhandled { shard, envelopes });
+                            self.handle_locked(g, RegionInput::Held { shard, envelopes });
                         }
                     }
                     self.metrics.handoffs.increment(1);
@@ -921,10 +943,11 @@ where
                         }
                     }
                 }
-                // Held messages go through the state machine, per shard in order: to the
-                // entity here if the shard is still hosted here, with the shard otherwise
-                // (a hand-off that began meanwhile, or a shard that moved), never to an
-                // entity started here for a shard this node no longer owns.
+                // Held messages go through the state machine, per shard in order, as
+                // accepted ones: to the entity here, the shard's entities running here (it
+                // is hosted, or its hand-off began but has not stopped it; a shard stopped
+                // while fenced took its held messages along), never to an entity started
+                // here for a shard this node no longer owns.
                 let mut by_shard: Vec<(ShardId, Vec<Envelope<M>>)> = Vec::new();
                 for (shard, id, msg) in held {
                     let env = Envelope::new(&id, shard, msg);
@@ -934,7 +957,7 @@ where
                     }
                 }
                 for (shard, envelopes) in by_shard {
-                    self.handle_locked(&mut g, RegionInput::Unhandled { shard, envelopes });
+                    self.handle_locked(&mut g, RegionInput::Held { shard, envelopes });
                 }
             }
             _ => {}
@@ -1006,7 +1029,12 @@ where
             }
             return;
         }
-        let local = g.state.shard_view(shard) == ShardView::Local;
+        // Its entities run here: hosted, or a hand-off that has not stopped them yet (what
+        // the state machine delivers here, and the fence holds).
+        let local = matches!(
+            g.state.shard_view(shard),
+            ShardView::Local | ShardView::HandingOff
+        );
         match &mut g.fenced {
             Some(held) if local => {
                 // Accepted before the fence: kept even past the held buffer's bound.
@@ -1017,8 +1045,8 @@ where
                 let owned: String = id.to_string();
                 held.splice(at..at, msgs.into_iter().map(|m| (shard, owned.clone(), m)));
             }
-            // Not fenced any more, or the shard is being handed off or has moved: through
-            // the state machine, like the unhandled messages of a hand-off.
+            // Not fenced any more, or the shard is stopping or has moved: through the state
+            // machine, like the unhandled messages of a hand-off.
             _ => {
                 let envelopes = msgs
                     .into_iter()

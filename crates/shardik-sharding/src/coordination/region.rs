@@ -67,11 +67,25 @@ pub enum RegionInput<M> {
     /// The IO layer finished stopping the shard's entities (after `StopShard`/`ForceStopShard`).
     ShardStopped(ShardId),
     /// Messages that an entity of the shard had accepted but not handled when
-    /// [`RegionAction::ForceStopShard`] stopped it, oldest first. They were accepted before
-    /// anything this region buffered for the shard since the hand-off began, so they go to
-    /// the front of its buffer and travel with it to the shard's next home (reported before
-    /// the shard's [`ShardStopped`](Self::ShardStopped)).
+    /// [`RegionAction::ForceStopShard`] (or the IO layer's fence) stopped it, oldest first.
+    /// They were accepted before anything this region buffered for the shard since, so while
+    /// the shard buffers they go ahead of its buffer's other messages (behind unhandled ones
+    /// reported before) and travel with it to the shard's next home (reported before the
+    /// shard's [`ShardStopped`](Self::ShardStopped)); delivered here while the shard's
+    /// entities run here, forwarded if it has a home elsewhere.
     Unhandled {
+        /// The shard.
+        shard: ShardId,
+        /// The messages, oldest first.
+        envelopes: Vec<Envelope<M>>,
+    },
+    /// Messages the IO layer held for the shard while its node was fenced, oldest first
+    /// (delivered locally by this region, then held instead of reaching an entity; the IO
+    /// layer keeps an entity's unhandled messages that arrive meanwhile ahead of its held
+    /// ones). Delivered here while the shard's entities run here, forwarded if it has a home
+    /// elsewhere; if the shard buffers, they go behind the [`Unhandled`](Self::Unhandled)
+    /// ones there and ahead of the rest, which senders added later.
+    Held {
         /// The shard.
         shard: ShardId,
         /// The messages, oldest first.
@@ -88,6 +102,12 @@ pub enum RegionInput<M> {
 pub enum RegionAction<M> {
     /// Deliver to the local entity (start it if needed). The shard is hosted here.
     DeliverLocal(Envelope<M>),
+    /// As [`DeliverLocal`](Self::DeliverLocal), for a message this node accepted earlier (an
+    /// entity's unhandled one, or one a fence held: [`RegionInput::Unhandled`],
+    /// [`RegionInput::Held`]): no cap of the IO layer refuses it now (an entity still
+    /// stopping buffers it past its cap, a bounded mailbox takes it past its bound); it
+    /// still fails if the node stopped hosting or the system shuts down.
+    DeliverAccepted(Envelope<M>),
     /// Send to another region.
     ToPeer {
         /// The region.
@@ -235,6 +255,10 @@ pub struct RegionState<M> {
     attempt: u64,
     slots: HashMap<ShardId, Slot>,
     buffers: HashMap<ShardId, VecDeque<Envelope<M>>>,
+    /// Per buffered shard: how many of its buffer's first messages are entities' unhandled
+    /// ones, then how many were held by a fence. Both were accepted before the rest of the
+    /// buffer, in that order, so later ones of each kind go in behind their kind.
+    accepted: HashMap<ShardId, (usize, usize)>,
     /// Fences received per shard for the newest hand-off id seen.
     fences: HashMap<ShardId, (HandOffId, BTreeSet<RegionId>)>,
     /// The hand-off id each shard was last stopped for (to answer a repeated `HandOff`).
@@ -259,6 +283,7 @@ impl<M> RegionState<M> {
             attempt: 0,
             slots: HashMap::new(),
             buffers: HashMap::new(),
+            accepted: HashMap::new(),
             fences: HashMap::new(),
             stopped_for: HashMap::new(),
             tokens: HashMap::new(),
@@ -358,6 +383,7 @@ impl<M> RegionState<M> {
     /// Takes every buffered message out, shard by shard in order (the node stops hosting:
     /// the IO layer records them as dead letters, and nothing forwards them later).
     pub fn take_buffered(&mut self) -> Vec<Envelope<M>> {
+        self.accepted.clear();
         std::mem::take(&mut self.buffers)
             .into_values()
             .flatten()
@@ -452,7 +478,12 @@ impl<M> RegionState<M> {
     ) -> Result<(), Rejected<M>> {
         let shard = env.shard;
         let buf = self.buffers.entry(shard).or_default();
-        if buf.len() >= self.config.buffer_limit {
+        // Accepted messages at its front do not count: the limit bounds what senders add.
+        let accepted = self
+            .accepted
+            .get(&shard)
+            .map_or(0, |(unhandled, held)| unhandled + held);
+        if buf.len() - accepted.min(buf.len()) >= self.config.buffer_limit {
             self.stats.overflow_total += 1;
             return Err(Rejected {
                 error: SendError::BufferFull {
@@ -463,6 +494,13 @@ impl<M> RegionState<M> {
             });
         }
         buf.push_back(env);
+        self.ask_home_once(shard, out);
+        Ok(())
+    }
+
+    /// Asks for the home of `shard` if it is unknown (an unknown shard becomes `Unknown`) and
+    /// not asked for yet; later requests are the tick's retries.
+    fn ask_home_once(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
         let slot = self
             .slots
             .entry(shard)
@@ -477,14 +515,20 @@ impl<M> RegionState<M> {
                 }));
             }
         }
-        Ok(())
     }
 
     fn flush(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
+        let (unhandled, held) = self.accepted.remove(&shard).unwrap_or_default();
         let Some(buf) = self.buffers.remove(&shard) else {
             return;
         };
-        for env in buf {
+        let local = matches!(self.slots.get(&shard), Some(Slot::Local));
+        for (i, env) in buf.into_iter().enumerate() {
+            if local && i < unhandled + held {
+                self.stats.delivered_local += 1;
+                out.push(RegionAction::DeliverAccepted(env));
+                continue;
+            }
             // The slot is Local or Remote here, so nothing is buffered again unless hops run out;
             // a full buffer cannot happen for a shard whose buffer was just emptied.
             if let Err(r) = self.route(env, false, out) {
@@ -524,7 +568,10 @@ impl<M> RegionState<M> {
                 }
             }
             RegionInput::ShardStopped(shard) => self.on_stopped(shard, out),
-            RegionInput::Unhandled { shard, envelopes } => self.on_unhandled(shard, envelopes, out),
+            RegionInput::Unhandled { shard, envelopes } => {
+                self.on_accepted(shard, envelopes, false, out)
+            }
+            RegionInput::Held { shard, envelopes } => self.on_accepted(shard, envelopes, true, out),
             RegionInput::RegionDown(r) => self.on_region_down(r, out),
             RegionInput::Tick => self.on_tick(out),
         }
@@ -923,33 +970,66 @@ impl<M> RegionState<M> {
         }
     }
 
-    /// Messages a force-stopped entity had not handled: ahead of the shard's buffer while it
-    /// stops (past the buffer limit: they were accepted already), routed like any message
-    /// otherwise.
-    fn on_unhandled(
+    /// Messages this node accepted earlier: those a force-stopped entity had not handled
+    /// ([`RegionInput::Unhandled`]), or those a fence `held` ([`RegionInput::Held`]).
+    /// Delivered here ([`RegionAction::DeliverAccepted`]) while the shard's entities run
+    /// here (hosted, or a hand-off that has not stopped them yet), forwarded if the shard
+    /// has a home elsewhere. While the shard buffers (its hand-off stops it, or its home is
+    /// unknown) they go ahead of the buffer's other messages, even past its limit (they were
+    /// accepted already): unhandled ones first, then held ones, each kind in arrival order;
+    /// delivered as accepted if that buffer is later delivered here.
+    fn on_accepted(
         &mut self,
         shard: ShardId,
         envelopes: Vec<Envelope<M>>,
+        held: bool,
         out: &mut Vec<RegionAction<M>>,
     ) {
         if matches!(
             self.slots.get(&shard),
-            Some(Slot::Owner {
-                phase: OwnerPhase::Stopping { .. },
-                ..
-            })
+            Some(Slot::Local)
+                | Some(Slot::Owner {
+                    phase: OwnerPhase::Begun | OwnerPhase::WaitFences { .. },
+                    ..
+                })
         ) {
-            let buffer = self.buffers.entry(shard).or_default();
-            for env in envelopes.into_iter().rev() {
-                buffer.push_front(env);
+            // The shard's entities run here (until a hand-off stops them): they take the
+            // messages now, ahead of what local senders buffered since the hand-off began
+            // (those go to the next home), and of what peers send until they fence.
+            self.stats.delivered_local += envelopes.len() as u64;
+            out.extend(envelopes.into_iter().map(RegionAction::DeliverAccepted));
+            return;
+        }
+        if matches!(self.slots.get(&shard), Some(Slot::Remote(_))) {
+            // A known home elsewhere: nothing is buffered for it.
+            for env in envelopes {
+                if let Err(r) = self.route(env, false, out) {
+                    out.push(RegionAction::Rejected(r));
+                }
             }
             return;
         }
-        for env in envelopes {
-            if let Err(r) = self.route(env, false, out) {
-                out.push(RegionAction::Rejected(r));
-            }
+        if envelopes.is_empty() {
+            return;
         }
+        let (unhandled, held_count) = self.accepted.entry(shard).or_default();
+        let at = if held {
+            *unhandled + *held_count
+        } else {
+            *unhandled
+        };
+        if held {
+            *held_count += envelopes.len();
+        } else {
+            *unhandled += envelopes.len();
+        }
+        let buffer = self.buffers.entry(shard).or_default();
+        // In one pass, not an insertion each: a force-stopped entity's backlog can be long.
+        let behind = buffer.split_off(at.min(buffer.len()));
+        buffer.extend(envelopes);
+        buffer.extend(behind);
+        // A shard whose home is unknown is asked for, as when a sender buffers.
+        self.ask_home_once(shard, out);
     }
 
     fn on_region_down(&mut self, r: RegionId, out: &mut Vec<RegionAction<M>>) {

@@ -815,7 +815,11 @@ fn from_coord(reg: &mut RegionState<u32>, now: u64, m: ToRegion) -> Acts {
 }
 
 fn registered(name: &str, homes: &[(u32, &str)]) -> RegionState<u32> {
-    let mut reg = region(name);
+    registered_as(region(name), homes)
+}
+
+/// `reg`, registered with the coordinator of epoch 1, which gave it `homes`.
+fn registered_as(mut reg: RegionState<u32>, homes: &[(u32, &str)]) -> RegionState<u32> {
     let mut out = Vec::new();
     reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
     let homes = homes.iter().map(|(s, h)| (*s, r(h))).collect();
@@ -873,16 +877,7 @@ fn taking_the_buffered_messages_leaves_nothing_to_forward() {
     assert_eq!(taken, vec![(1, 1), (1, 2), (1, 3), (2, 4)]);
     assert_eq!(reg.buffered(), 0);
     // A home arriving now forwards nothing.
-    let out = from_coord(
-        &mut reg,
-        0,
-        ToRegion::ShardHome {
-            epoch: 1,
-            shard: 1,
-            region: r("b"),
-            token: 0,
-        },
-    );
+    let out = shard_1_home(&mut reg, 0, "b");
     assert!(forwarded(&out).is_empty(), "{out:?}");
 }
 
@@ -916,6 +911,51 @@ fn a_forwarded_message_for_an_unknown_shard_is_rejected() {
 fn fence_from(reg: &mut RegionState<u32>, from: &str, out: &mut Acts) {
     let msg = PeerMsg::Fence { id: H, shard: 1 };
     reg.handle(0, RegionInput::FromPeer { from: r(from), msg }, out);
+}
+
+/// The coordinator tells `reg` at `now` that shard 1's home is `region` (epoch 1, no token).
+fn shard_1_home(reg: &mut RegionState<u32>, now: u64, region: &str) -> Acts {
+    let home = ToRegion::ShardHome {
+        epoch: 1,
+        shard: 1,
+        region: r(region),
+        token: 0,
+    };
+    from_coord(reg, now, home)
+}
+
+/// `RegionInput::Unhandled` of shard 1 at `now`.
+fn unhandled_1(
+    reg: &mut RegionState<u32>,
+    now: u64,
+    envelopes: Vec<Envelope<u32>>,
+    out: &mut Acts,
+) {
+    reg.handle(
+        now,
+        RegionInput::Unhandled {
+            shard: 1,
+            envelopes,
+        },
+        out,
+    );
+}
+
+/// `RegionInput::Held` of shard 1 at `now`.
+fn held_1(reg: &mut RegionState<u32>, now: u64, envelopes: Vec<Envelope<u32>>, out: &mut Acts) {
+    reg.handle(
+        now,
+        RegionInput::Held {
+            shard: 1,
+            envelopes,
+        },
+        out,
+    );
+}
+
+/// The payloads `out` forwards to other regions, in order.
+fn forwarded_payloads(out: &Acts) -> Vec<u32> {
+    forwarded(out).iter().map(|e| e.payload).collect()
 }
 
 /// The envelopes `out` forwards to other regions, in order.
@@ -1072,16 +1112,7 @@ fn begin_hand_off_fences_the_cached_home_and_buffers() {
     let mut out = Vec::new();
     reg.send(0, env("x", 1, 9), &mut out).unwrap();
     assert!(out.is_empty(), "buffered, the new home will be broadcast");
-    let out = from_coord(
-        &mut reg,
-        10,
-        ToRegion::ShardHome {
-            epoch: 1,
-            shard: 1,
-            region: r("c"),
-            token: 0,
-        },
-    );
+    let out = shard_1_home(&mut reg, 10, "c");
     assert!(matches!(&out[..], [RegionAction::ToPeer { to, .. }] if *to == r("c")));
 }
 
@@ -1170,18 +1201,8 @@ fn owner_waits_for_fences_then_stops_with_forced_timeout() {
         })]
     );
     // The new home flushes local and forwarded messages in arrival order.
-    let out = from_coord(
-        &mut reg,
-        3_000,
-        ToRegion::ShardHome {
-            epoch: 1,
-            shard: 1,
-            region: r("b"),
-            token: 0,
-        },
-    );
-    let flushed: Vec<u32> = forwarded(&out).iter().map(|e| e.payload).collect();
-    assert_eq!(flushed, vec![1, 3]);
+    let out = shard_1_home(&mut reg, 3_000, "b");
+    assert_eq!(forwarded_payloads(&out), vec![1, 3]);
 }
 
 #[test]
@@ -1199,34 +1220,16 @@ fn a_forced_stops_unhandled_messages_go_first_to_the_next_home() {
     // The entities' mailboxes still held older messages: they go ahead of the buffer, even
     // past its limit (they were accepted before it).
     let mut out = Vec::new();
-    reg.handle(
+    unhandled_1(
+        &mut reg,
         1_001,
-        RegionInput::Unhandled {
-            shard: 1,
-            envelopes: vec![env("x", 1, 1), env("x", 1, 2)],
-        },
+        vec![env("x", 1, 1), env("x", 1, 2)],
         &mut out,
     );
-    reg.handle(
-        1_002,
-        RegionInput::Unhandled {
-            shard: 1,
-            envelopes: vec![env("y", 1, 5)],
-        },
-        &mut out,
-    );
+    unhandled_1(&mut reg, 1_002, vec![env("y", 1, 5)], &mut out);
     assert!(out.is_empty());
     reg.handle(1_003, RegionInput::ShardStopped(1), &mut out);
-    let out = from_coord(
-        &mut reg,
-        1_100,
-        ToRegion::ShardHome {
-            epoch: 1,
-            shard: 1,
-            region: r("b"),
-            token: 0,
-        },
-    );
+    let out = shard_1_home(&mut reg, 1_100, "b");
     let flushed: Vec<(String, u32)> = forwarded(&out)
         .into_iter()
         .map(|e| (e.entity_id.clone(), e.payload))
@@ -1247,18 +1250,217 @@ fn a_forced_stops_unhandled_messages_go_first_to_the_next_home() {
     assert_eq!(flushed.len(), 5, "nothing lost or doubled");
     // Once the shard has moved, late ones are routed to the new home like any message.
     let mut out = Vec::new();
+    unhandled_1(&mut reg, 1_200, vec![env("z", 1, 9)], &mut out);
+    assert!(matches!(
+        &out[..],
+        [RegionAction::ToPeer { msg: PeerMsg::Deliver(e), .. }] if e.payload == 9
+    ));
+}
+
+/// Region "a" hosting shard 1, with room for 10 buffered messages per shard.
+fn hosting_shard_1() -> RegionState<u32> {
+    let mut c = RegionConfig::new(8);
+    c.buffer_limit = 10;
+    registered_as(RegionState::new(r("a"), c), &[(1, "a")])
+}
+
+/// The payloads `out` delivers here, in order, with their entity ids (accepted ones too).
+fn delivered(out: &Acts) -> Vec<(String, u32)> {
+    out.iter()
+        .filter_map(|a| match a {
+            RegionAction::DeliverLocal(e) | RegionAction::DeliverAccepted(e) => {
+                Some((e.entity_id.clone(), e.payload))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The payloads `out` delivers here as accepted earlier ([`RegionAction::DeliverAccepted`]).
+fn delivered_accepted(out: &Acts) -> Vec<u32> {
+    out.iter()
+        .filter_map(|a| match a {
+            RegionAction::DeliverAccepted(e) => Some(e.payload),
+            _ => None,
+        })
+        .collect()
+}
+
+/// While a hand-off has not stopped the shard its entities run here: messages the node
+/// accepted earlier (an entity's unhandled ones, those a fence held) are delivered to them at
+/// once, ahead of what local senders buffer since the hand-off began (that goes to the next
+/// home). Once the hand-off stops the shard they go ahead of its buffer instead: unhandled
+/// ones first, then held ones, then what senders added.
+#[test]
+fn accepted_messages_reach_running_entities_or_go_ahead_of_a_stopping_shards_buffer() {
+    let mut reg = hosting_shard_1();
+    let out = hand_off(&mut reg, vec![r("b")]);
+    assert!(out.is_empty(), "waits for b's fence");
+    let mut out = Vec::new();
+    reg.send(1, env("x", 1, 10), &mut out).unwrap();
+    assert!(
+        out.is_empty(),
+        "a local sender buffers once the hand-off began"
+    );
+    unhandled_1(&mut reg, 2, vec![env("x", 1, 1), env("x", 1, 2)], &mut out);
+    held_1(&mut reg, 3, vec![env("x", 1, 3)], &mut out);
+    let msg = PeerMsg::Deliver(env("x", 1, 4));
+    reg.handle(4, RegionInput::FromPeer { from: r("b"), msg }, &mut out);
+    let x = |n: u32| ("x".to_string(), n);
+    assert_eq!(delivered(&out), vec![x(1), x(2), x(3), x(4)]);
+    assert_eq!(delivered_accepted(&out), vec![1, 2, 3]);
+    let mut out = Vec::new();
+    fence_from(&mut reg, "b", &mut out);
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+    // Stopping: a fence's held messages (taken along by the stop), then the unhandled ones
+    // of an entity the fence stopped, which arrive later but were accepted earlier.
+    let mut out = Vec::new();
+    reg.send(5, env("x", 1, 11), &mut out).unwrap();
+    held_1(&mut reg, 6, vec![env("x", 1, 6), env("y", 1, 30)], &mut out);
+    unhandled_1(&mut reg, 7, vec![env("x", 1, 5)], &mut out);
+    unhandled_1(&mut reg, 8, vec![env("z", 1, 40)], &mut out);
+    assert!(out.is_empty(), "nothing delivered while the shard stops");
+    reg.handle(9, RegionInput::ShardStopped(1), &mut out);
+    let out = shard_1_home(&mut reg, 10, "b");
+    assert_eq!(forwarded_payloads(&out), vec![5, 40, 6, 30, 10, 11]);
+}
+
+/// A stopped shard that comes back here (its next home is this region again) delivers the
+/// accepted messages of its buffer as accepted, ahead of what senders buffered.
+#[test]
+fn a_shard_hosted_again_after_its_stop_delivers_accepted_messages_first() {
+    let mut reg = hosting_shard_1();
+    let out = hand_off(&mut reg, vec![]);
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+    let mut out = Vec::new();
+    reg.send(1, env("x", 1, 10), &mut out).unwrap();
+    held_1(&mut reg, 2, vec![env("x", 1, 3)], &mut out);
+    unhandled_1(&mut reg, 3, vec![env("x", 1, 1)], &mut out);
+    assert!(out.is_empty());
+    let out = shard_1_home(&mut reg, 4, "a");
+    assert!(out.is_empty(), "hosted again once stopped");
+    let mut out = Vec::new();
+    reg.handle(5, RegionInput::ShardStopped(1), &mut out);
+    assert!(out.contains(&RegionAction::StartShard(1)));
+    let x = |n: u32| ("x".to_string(), n);
+    assert_eq!(delivered(&out), vec![x(1), x(3), x(10)]);
+    assert_eq!(
+        delivered_accepted(&out),
+        vec![1, 3],
+        "no cap may refuse what was accepted already; a sender's buffered one is a delivery"
+    );
+    assert_eq!(reg.shard_view(1), ShardView::Local);
+    // Nothing is counted for the shard any more: the next stop starts afresh.
+    let out = hand_off(&mut reg, vec![]);
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+    let mut out = Vec::new();
+    reg.send(6, env("x", 1, 12), &mut out).unwrap();
+    unhandled_1(&mut reg, 7, vec![env("x", 1, 11)], &mut out);
+    reg.handle(8, RegionInput::ShardStopped(1), &mut out);
+    let out = shard_1_home(&mut reg, 9, "b");
+    assert_eq!(forwarded_payloads(&out), vec![11, 12]);
+}
+
+/// Accepted messages for a shard hosted here are delivered at once, as accepted ones.
+#[test]
+fn accepted_messages_for_a_hosted_shard_are_delivered_as_accepted() {
+    let mut reg = hosting_shard_1();
+    let mut out = Vec::new();
+    held_1(&mut reg, 1, vec![env("x", 1, 1), env("x", 1, 2)], &mut out);
+    unhandled_1(&mut reg, 2, vec![env("y", 1, 3)], &mut out);
+    assert_eq!(delivered_accepted(&out), vec![1, 2, 3]);
+    assert_eq!(out.len(), 3);
+    assert_eq!(reg.buffered(), 0);
+}
+
+/// Accepted messages go into a stopping shard's buffer past its limit and do not count
+/// toward it: senders still have the whole limit.
+#[test]
+fn accepted_messages_do_not_use_up_the_buffer_limit() {
+    let mut reg = registered("a", &[(1, "a")]);
+    let out = hand_off(&mut reg, vec![]);
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+    let mut out = Vec::new();
+    unhandled_1(
+        &mut reg,
+        1,
+        (1..=4).map(|n| env("x", 1, n)).collect(),
+        &mut out,
+    );
+    held_1(
+        &mut reg,
+        2,
+        (5..=8).map(|n| env("x", 1, n)).collect(),
+        &mut out,
+    );
+    assert_eq!(reg.buffered(), 8, "past the limit of 3");
+    for n in 9..=11 {
+        reg.send(3, env("x", 1, n), &mut out).unwrap();
+    }
+    let refused = reg.send(3, env("x", 1, 12), &mut out).unwrap_err();
+    assert!(matches!(
+        refused.error,
+        SendError::BufferFull { shard: 1, limit: 3 }
+    ));
+    assert!(out.is_empty());
+    reg.handle(4, RegionInput::ShardStopped(1), &mut out);
+    let out = shard_1_home(&mut reg, 5, "b");
+    assert_eq!(forwarded_payloads(&out), (1..=11).collect::<Vec<u32>>());
+}
+
+/// Accepted messages for a shard whose home is unknown go ahead of what local senders
+/// buffered meanwhile, and the home is asked for.
+#[test]
+fn accepted_messages_go_ahead_of_an_unknown_shards_buffer() {
+    let mut reg = hosting_shard_1();
+    let mut out = Vec::new();
+    reg.send(1, env("x", 2, 10), &mut out).unwrap();
+    assert!(matches!(
+        &out[..],
+        [RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+            shard: 2,
+            ..
+        })]
+    ));
+    let mut out = Vec::new();
     reg.handle(
-        1_200,
+        2,
         RegionInput::Unhandled {
-            shard: 1,
-            envelopes: vec![env("z", 1, 9)],
+            shard: 2,
+            envelopes: vec![env("x", 2, 1)],
+        },
+        &mut out,
+    );
+    assert!(out.is_empty(), "asked once already");
+    let out = from_coord(
+        &mut reg,
+        3,
+        ToRegion::ShardHome {
+            epoch: 1,
+            shard: 2,
+            region: r("b"),
+            token: 0,
+        },
+    );
+    assert_eq!(forwarded_payloads(&out), vec![1, 10]);
+    // A shard never heard of: buffered and its home asked for.
+    let mut out = Vec::new();
+    reg.handle(
+        4,
+        RegionInput::Held {
+            shard: 3,
+            envelopes: vec![env("q", 3, 7)],
         },
         &mut out,
     );
     assert!(matches!(
         &out[..],
-        [RegionAction::ToPeer { msg: PeerMsg::Deliver(e), .. }] if e.payload == 9
+        [RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+            shard: 3,
+            ..
+        })]
     ));
+    assert_eq!(reg.buffered(), 1);
 }
 
 #[test]
@@ -1274,18 +1476,7 @@ fn fence_that_arrives_before_the_hand_off_counts() {
 fn configured_fence_timeout_stops_anyway() {
     let mut c = RegionConfig::new(8);
     c.fence_timeout_ms = Some(500);
-    let mut reg: RegionState<u32> = RegionState::new(r("a"), c);
-    reg.handle(0, RegionInput::CoordinatorChanged, &mut Vec::new());
-    from_coord(
-        &mut reg,
-        0,
-        ToRegion::RegisterAck {
-            epoch: 1,
-            homes: vec![(1, r("a"))],
-            attempt: 1,
-            tokens: vec![],
-        },
-    );
+    let mut reg = registered_as(RegionState::new(r("a"), c), &[(1, "a")]);
     from_coord(&mut reg, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
     from_coord(
         &mut reg,
@@ -1311,16 +1502,7 @@ fn aborted_hand_off_resumes_local_delivery_in_order() {
     let mut out = Vec::new();
     reg.send(0, env("x", 1, 1), &mut out).unwrap();
     reg.send(0, env("x", 1, 2), &mut out).unwrap();
-    let out = from_coord(
-        &mut reg,
-        0,
-        ToRegion::ShardHome {
-            epoch: 1,
-            shard: 1,
-            region: r("a"),
-            token: 0,
-        },
-    );
+    let out = shard_1_home(&mut reg, 0, "a");
     let got: Vec<u32> = out
         .iter()
         .filter_map(|a| match a {

@@ -341,7 +341,9 @@ impl Sim {
                 eprintln!("  r{i} does {a:?}");
             }
             match a {
-                RegionAction::DeliverLocal(env) => self.record_delivery(i, env),
+                RegionAction::DeliverLocal(env) | RegionAction::DeliverAccepted(env) => {
+                    self.record_delivery(i, env)
+                }
                 RegionAction::ToPeer { to, msg } => {
                     let j = ridx(&to);
                     if self.regions.contains_key(&j) {
