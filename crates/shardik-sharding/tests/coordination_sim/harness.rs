@@ -1,6 +1,8 @@
 //! A deterministic in-memory cluster for the sans-IO coordination core: one coordinator, several
 //! regions, a network with FIFO per pair and random interleaving across pairs, a replicated store,
-//! entity hosting, and the invariants checked after every step.
+//! entity hosting (each shard's entities with a mailbox of delivered, not yet handled
+//! messages, which a stop handles and a forced stop hands back), and the invariants checked
+//! after every step.
 
 #![allow(dead_code)]
 
@@ -79,6 +81,22 @@ pub struct Sim {
     /// skew (a coordinator on another node, its clock up to 10 s ahead or behind).
     pub clock_skew_us: u64,
     pub stopping: BTreeMap<usize, BTreeSet<ShardId>>,
+    /// Messages delivered to a shard's entities and not handled yet, per (region, shard): an
+    /// entity's mailbox. A stop hands them first (`complete_stop`); a forced stop gives them
+    /// back to the region as `RegionInput::Unhandled`.
+    pub mailboxes: BTreeMap<(usize, ShardId), VecDeque<Envelope<Payload>>>,
+    /// Entities too slow to stop: no stop completes by itself (`complete_stop` does nothing),
+    /// so every stop is forced once the region's `stop_timeout_ms` has passed.
+    pub slow_stops: bool,
+    /// Messages forced stops handed back to their region unhandled, by message id: the
+    /// region that handed it back.
+    pub handed_back: BTreeMap<u64, usize>,
+    /// Handed-back messages of a sender on another node than the region that handed them
+    /// back, handled after a later message of that sender: the documented limit of a forced
+    /// stop (that sender, fenced, sent its later messages to the next home itself).
+    pub overtaken_across_nodes: usize,
+    /// The region each sender sends from.
+    pub sender_region: HashMap<u32, usize>,
     pub pending_downs: VecDeque<usize>,
     pub gone: BTreeSet<usize>,
     pub stable: bool,
@@ -144,6 +162,11 @@ impl Sim {
             last_hosted: BTreeMap::new(),
             clock_skew_us: 10_000_000,
             stopping: BTreeMap::new(),
+            mailboxes: BTreeMap::new(),
+            slow_stops: false,
+            handed_back: BTreeMap::new(),
+            overtaken_across_nodes: 0,
+            sender_region: HashMap::new(),
             pending_downs: VecDeque::new(),
             gone: BTreeSet::new(),
             stable: true,
@@ -250,6 +273,9 @@ impl Sim {
         let i = self.next_region;
         self.next_region += 1;
         let senders = vec![self.next_sender, self.next_sender + 1];
+        for s in &senders {
+            self.sender_region.insert(*s, i);
+        }
         self.next_sender += 2;
         self.regions.insert(
             i,
@@ -291,6 +317,16 @@ impl Sim {
             return;
         };
         let mut lost: Vec<u64> = r.state.buffered_envelopes().map(|e| e.payload.2).collect();
+        let mailboxes: Vec<(usize, ShardId)> = self
+            .mailboxes
+            .keys()
+            .filter(|(j, _)| *j == i)
+            .copied()
+            .collect();
+        for k in mailboxes {
+            let mailbox = self.mailboxes.remove(&k).unwrap_or_default();
+            lost.extend(mailbox.into_iter().map(|e| e.payload.2));
+        }
         let keys: Vec<(Node, Node)> = self
             .net
             .keys()
@@ -342,7 +378,7 @@ impl Sim {
             }
             match a {
                 RegionAction::DeliverLocal(env) | RegionAction::DeliverAccepted(env) => {
-                    self.record_delivery(i, env)
+                    self.accept_delivery(i, env)
                 }
                 RegionAction::ToPeer { to, msg } => {
                     let j = ridx(&to);
@@ -390,6 +426,21 @@ impl Sim {
                 RegionAction::ForceStopShard(s) => {
                     if self.stopping.get_mut(&i).unwrap().remove(&s) {
                         self.hosting.get_mut(&i).unwrap().remove(&s);
+                        // What the entities had not handled comes back, before the stop.
+                        let envelopes: Vec<_> =
+                            self.mailboxes.remove(&(i, s)).unwrap_or_default().into();
+                        if !envelopes.is_empty() {
+                            for e in &envelopes {
+                                self.handed_back.insert(e.payload.2, i);
+                            }
+                            self.region_input(
+                                i,
+                                RegionInput::Unhandled {
+                                    shard: s,
+                                    envelopes,
+                                },
+                            );
+                        }
                         self.region_input(i, RegionInput::ShardStopped(s));
                     }
                 }
@@ -402,18 +453,33 @@ impl Sim {
         }
     }
 
-    fn record_delivery(&mut self, i: usize, env: Envelope<Payload>) {
+    /// Region `i` delivers `env` to its entity: into the entity's mailbox.
+    fn accept_delivery(&mut self, i: usize, env: Envelope<Payload>) {
         let s = env.shard;
         assert!(
             self.hosting[&i].contains(&s) && !self.stopping[&i].contains(&s),
             "region {i} delivers to shard {s} it does not host (or is stopping)"
         );
+        self.mailboxes.entry((i, s)).or_default().push_back(env);
+    }
+
+    /// An entity handles `env`: exactly once, in order per sender.
+    fn handle(&mut self, env: Envelope<Payload>) {
         let (sender, seq, id) = env.payload;
         let n = self.delivered.entry(id).or_insert(0);
         *n += 1;
         assert_eq!(*n, 1, "message {id} delivered twice");
         let key = (sender, env.entity_id.clone());
         let last = self.last_seq.entry(key).or_insert(0);
+        if seq < *last
+            && self
+                .handed_back
+                .get(&id)
+                .is_some_and(|from| self.sender_region.get(&sender) != Some(from))
+        {
+            self.overtaken_across_nodes += 1;
+            return;
+        }
         assert!(
             seq > *last,
             "order: sender {sender} entity {} got seq {seq} after {last}",
@@ -503,7 +569,27 @@ impl Sim {
         true
     }
 
+    /// An entity of a random shard with messages waiting handles the next one.
+    pub fn handle_one(&mut self) -> bool {
+        let busy: Vec<(usize, ShardId)> = self
+            .mailboxes
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        if busy.is_empty() {
+            return false;
+        }
+        let k = busy[self.rng.below(busy.len())];
+        let env = self.mailboxes.get_mut(&k).unwrap().pop_front().unwrap();
+        self.handle(env);
+        true
+    }
+
     pub fn complete_stop(&mut self) -> bool {
+        if self.slow_stops {
+            return false;
+        }
         let all: Vec<(usize, ShardId)> = self
             .stopping
             .iter()
@@ -513,6 +599,10 @@ impl Sim {
             return false;
         }
         let (i, s) = all[self.rng.below(all.len())];
+        // The entities handle what they had queued before they stop.
+        for env in self.mailboxes.remove(&(i, s)).unwrap_or_default() {
+            self.handle(env);
+        }
         self.stopping.get_mut(&i).unwrap().remove(&s);
         self.hosting.get_mut(&i).unwrap().remove(&s);
         self.region_input(i, RegionInput::ShardStopped(s));
@@ -566,8 +656,11 @@ impl Sim {
     pub fn step(&mut self) {
         self.steps += 1;
         match self.rng.below(100) {
-            0..=49 => {
+            0..=41 => {
                 self.deliver_one();
+            }
+            42..=49 => {
+                self.handle_one();
             }
             50..=64 => {
                 self.persist_one();
@@ -628,6 +721,10 @@ impl Sim {
                     self.check();
                 }
                 while self.persist_one() {
+                    moved = true;
+                    self.check();
+                }
+                while self.handle_one() {
                     moved = true;
                     self.check();
                 }
