@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use serde::{Deserialize, Serialize};
 use shardik_actor::{Actor, ActorError, Context};
-use shardik_remote::{FaultInjector, SendError};
+use shardik_remote::{FaultInjector, RemoteEvent, SendError};
 use tokio::sync::mpsc;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -46,22 +46,9 @@ impl Actor for Recorder {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_messages_overtake_queued_user_messages() {
     const N: u64 = 100_000;
-    let (_sys_a, a) = node_with(config("a").outbound_queue(N as usize)).await;
-    // b's address, free until b starts: everything a sends meanwhile waits in the lanes.
-    let addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
-    let to_b = a.lookup::<Msg>("/user/rec", &addr);
-    for i in 0..N {
-        to_b.try_tell(Msg::User(i)).unwrap();
-    }
-    to_b.try_tell_control(Msg::Control(1)).unwrap();
-    // b holds what arrives from a for a while, so that nothing is dispatched before the
-    // recorder is registered (a dials within milliseconds of b's start).
     let hold = FaultInjector::new();
-    hold.delay("a", "b", Duration::from_millis(300));
-    let (sys_b, b) = node_with(config("b").bind(addr.clone()).faults(hold.clone())).await;
+    let (_sys_a, a) = node_with(config("a").outbound_queue(N as usize)).await;
+    let (sys_b, b) = node_with(config("b").faults(hold.clone())).await;
     let (out, mut seen) = mpsc::unbounded_channel();
     let (done, mut finished) = mpsc::unbounded_channel();
     b.register(
@@ -69,14 +56,35 @@ async fn control_messages_overtake_queued_user_messages() {
         sys_b.spawn(Recorder {
             users: 0,
             out,
-            total: N,
+            total: N + 1,
             done,
         }),
     );
-    hold.heal_all();
-    // Both lanes' dialers retry (backoff up to 200 ms) until b listens; the first connection
-    // up makes the other lane retry at once. The control message then travels on its own
-    // connection, beside the user backlog instead of behind it.
+    let mut events = a.events();
+    let to_b = a.lookup::<Msg>("/user/rec", b.addr());
+    // Both connections up (each lane dials on its first message), the message on each handled.
+    to_b.try_tell(Msg::User(0)).unwrap();
+    to_b.try_tell_control(Msg::Control(0)).unwrap();
+    let mut up = 0;
+    while up < 2 {
+        let event = tokio::time::timeout(T, events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if matches!(event, RemoteEvent::Connected { .. }) {
+            up += 1;
+        }
+    }
+    let (n, _) = tokio::time::timeout(T, seen.recv()).await.unwrap().unwrap();
+    assert_eq!(n, 0);
+    // b now holds every frame from a for a second after it arrives: the user backlog and
+    // the control message queued behind it at a arrive together, each on its connection,
+    // so the control message is due long before the backlog's tail.
+    hold.delay("a", "b", Duration::from_secs(1));
+    for i in 1..=N {
+        to_b.try_tell(Msg::User(i)).unwrap();
+    }
+    to_b.try_tell_control(Msg::Control(1)).unwrap();
     let (n, users_before) = tokio::time::timeout(T, seen.recv()).await.unwrap().unwrap();
     assert_eq!(n, 1);
     assert!(
