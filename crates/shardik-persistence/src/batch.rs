@@ -76,18 +76,22 @@ thread_local! {
 /// While it lives, reply slots dropped unanswered on this thread answer that their batch
 /// panicked: what drops a batch's future after `catch_unwind` caught its panic (the future,
 /// and the slots it took, outlive the unwinding).
-pub(crate) struct AnswerAsPanicked(());
+pub(crate) struct AnswerAsPanicked {
+    /// The flag before this scope (restored after it, so scopes nest).
+    outer: bool,
+}
 
 impl AnswerAsPanicked {
     pub(crate) fn enter() -> Self {
-        DROPPING_PANICKED.with(|d| d.set(true));
-        AnswerAsPanicked(())
+        AnswerAsPanicked {
+            outer: DROPPING_PANICKED.with(|d| d.replace(true)),
+        }
     }
 }
 
 impl Drop for AnswerAsPanicked {
     fn drop(&mut self) {
-        DROPPING_PANICKED.with(|d| d.set(false));
+        DROPPING_PANICKED.with(|d| d.set(self.outer));
     }
 }
 
