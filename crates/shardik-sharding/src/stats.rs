@@ -13,7 +13,8 @@ pub struct RegionStats {
     pub active_entities: usize,
     /// Entities that are stopping (passivating); their messages wait in buffers.
     pub stopping_entities: usize,
-    /// Messages waiting in the buffers of stopping entities.
+    /// Messages waiting in the buffers of stopping entities and, in a cluster, for shards
+    /// whose home is unknown or moving, or held while the node is fenced.
     pub buffered_messages: usize,
     /// Entity incarnations started since the region started.
     pub spawned_total: u64,

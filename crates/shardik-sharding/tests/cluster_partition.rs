@@ -175,7 +175,7 @@ async fn a_remembered_entity_still_stopping_when_the_fence_lifts_starts_again() 
         ids.contains(&busy) && ids.contains(&mate)
     })
     .await;
-    fence_n2_while_gated(&nodes, &faults, &reg, &busy).await;
+    fence_n2_while_gated(&nodes, &faults, &reg, &busy, 0).await;
     poll("the idle mate stopped", Duration::from_secs(5), || {
         reg.live_of(&mate) == 0
     })
@@ -214,19 +214,9 @@ async fn held_messages_for_an_entity_still_stopping_at_the_lift_are_not_capped()
     let tune = |c: shardik_cluster::runtime::ClusterConfig| c.stable_after(Duration::from_secs(20));
     let cap = |t: shardik_sharding::EntityType<Probe>| t.buffer_limit(2);
     let nodes = cluster_tuned(3, 12, &reg, Some(&faults), &cap, &tune).await;
-    let mut on_n2: Vec<String> = Vec::new();
-    for i in 0..100 {
-        let id = format!("e{i:02}");
-        if where_is(&nodes[0], &id).await == "n2" {
-            on_n2.push(id);
-        }
-        if on_n2.len() == 2 {
-            break;
-        }
-    }
-    let [busy, other] = <[String; 2]>::try_from(on_n2).expect("two of e00..e99 on n2");
+    let (busy, other) = two_on_n2(&nodes).await;
     let region = &nodes[2].region;
-    fence_n2_while_gated(&nodes, &faults, &reg, &busy).await;
+    fence_n2_while_gated(&nodes, &faults, &reg, &busy, 0).await;
     // Held by the fence as they are sent (n2's region takes them while fenced).
     for seq in 1..=5 {
         region.tell(&busy, Msg::Add { sender: 9, seq });
@@ -254,10 +244,52 @@ async fn held_messages_for_an_entity_still_stopping_at_the_lift_are_not_capped()
     stop_all(&nodes).await;
 }
 
+/// What a fenced node holds for entities it stopped (their unhandled messages) does not use
+/// up the bound on what it holds for senders: with a bound of 2 and a backlog of 3 handed
+/// back, senders still get 2 messages held (the third is a dead letter), and everything held
+/// is handled after the lift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhandled_messages_held_by_a_fence_leave_senders_their_bound() {
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    let tune = |c: shardik_cluster::runtime::ClusterConfig| c.stable_after(Duration::from_secs(20));
+    let bound = settings().buffer_limit(2);
+    let nodes = cluster_set(3, 12, &reg, Some(&faults), &|t| t, &tune, &bound).await;
+    let (busy, other) = two_on_n2(&nodes).await;
+    let region = &nodes[2].region;
+    fence_n2_while_gated(&nodes, &faults, &reg, &busy, 3).await;
+    // Its current message done, the force-stopped entity hands its backlog back.
+    reg.gate.open();
+    poll("the backlog handed back", Duration::from_secs(5), || {
+        region.stats().buffered_messages == 3
+    })
+    .await;
+    for seq in 0..3 {
+        region.tell(&other, Msg::Add { sender: 9, seq });
+    }
+    assert_eq!(region.stats().buffered_messages, 5, "two of the three held");
+    faults.heal_all();
+    wait_state(&nodes[2].cluster, "n2 unfenced", |s| !s.fenced).await;
+    poll("everything held handled", Duration::from_secs(20), || {
+        handled(&reg, &busy) == 4 && handled(&reg, &other) == 2
+    })
+    .await;
+    reg.assert_stream(&busy, &[9], 4);
+    reg.assert_stream(&other, &[9], 2);
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
 /// Has `busy` (hosted on n2) start a message from sender 9 (seq 0) that waits on the
-/// registry's gate, waits until it works on it, then cuts n2 off from the others and waits
-/// until n2 is fenced.
-async fn fence_n2_while_gated(nodes: &[Node], faults: &FaultInjector, reg: &Registry, busy: &str) {
+/// registry's gate, waits until it works on it, queues `backlog` more (seqs 1..), then cuts
+/// n2 off from the others and waits until n2 is fenced.
+async fn fence_n2_while_gated(
+    nodes: &[Node],
+    faults: &FaultInjector,
+    reg: &Registry,
+    busy: &str,
+    backlog: u64,
+) {
     nodes[2].region.tell(
         busy,
         Msg::Slow {
@@ -270,10 +302,35 @@ async fn fence_n2_while_gated(nodes: &[Node], faults: &FaultInjector, reg: &Regi
         reg.slow_started.lock().contains(busy)
     })
     .await;
+    for seq in 1..=backlog {
+        nodes[2].region.tell(busy, Msg::Add { sender: 9, seq });
+    }
     for peer in ["n0", "n1"] {
         faults.cut_both("n2", peer);
     }
     wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    // The region takes the fence in on its own task: `busy` is told to stop once it has.
+    poll(
+        "the busy entity told to stop",
+        Duration::from_secs(5),
+        || nodes[2].region.stats().stopping_entities >= 1,
+    )
+    .await;
+}
+
+/// Two entity ids (of e00..e99) hosted on n2.
+async fn two_on_n2(nodes: &[Node]) -> (String, String) {
+    let mut on_n2: Vec<String> = Vec::new();
+    for i in 0..100 {
+        let id = format!("e{i:02}");
+        if where_is(&nodes[0], &id).await == "n2" {
+            on_n2.push(id);
+        }
+        if on_n2.len() == 2 {
+            return (on_n2.remove(0), on_n2.remove(0));
+        }
+    }
+    panic!("fewer than two of e00..e99 on n2");
 }
 
 /// The id of an entity hosted on node `name` (asked through `via`).

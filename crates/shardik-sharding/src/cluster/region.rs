@@ -76,8 +76,11 @@ struct Inner<M> {
     seen: BTreeSet<UniqueAddress>,
     out: Vec<RegionAction<M>>,
     /// Set while this node is fenced: messages for its hosted shards wait here, in order,
-    /// and no entity runs (see `on_fence`).
-    fenced: Option<Vec<(ShardId, String, M)>>,
+    /// and no entity runs (see `on_fence`). The flag marks messages the node had accepted
+    /// before (an entity's unhandled ones), which do not count toward `buffer_limit`.
+    fenced: Option<Vec<(ShardId, String, M, bool)>>,
+    /// The messages in `fenced` that senders added (those `buffer_limit` bounds).
+    held_sent: usize,
     buffer_limit: usize,
     /// Envelopes a peer's full queue handed back during the current `execute`.
     refused: Vec<Envelope<M>>,
@@ -214,6 +217,7 @@ where
                 seen: BTreeSet::new(),
                 out: Vec::new(),
                 fenced: None,
+                held_sent: 0,
                 buffer_limit,
                 refused: Vec::new(),
                 unsent_fences: Vec::new(),
@@ -538,9 +542,13 @@ where
             return;
         }
         if let Some(held) = &mut g.fenced {
-            // What was accepted already is kept past the held buffer's bound.
-            if accepted || held.len() < g.buffer_limit {
-                held.push((shard, entity_id, payload));
+            // What was accepted already is kept past the held buffer's bound, and does not
+            // use it up.
+            if accepted {
+                held.push((shard, entity_id, payload, true));
+            } else if g.held_sent < g.buffer_limit {
+                held.push((shard, entity_id, payload, false));
+                g.held_sent += 1;
             } else {
                 metrics::counter!("shardik_sharding_fenced_dropped_total", "entity_type" => self.type_name.clone()).increment(1);
                 self.dead_letter(&entity_id, "node fenced and its buffer full");
@@ -625,12 +633,13 @@ where
                     if let Some(held) = &mut g.fenced {
                         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(held)
                             .into_iter()
-                            .partition(|(s, _, _)| *s == shard);
+                            .partition(|(s, _, _, _)| *s == shard);
                         *held = rest;
+                        g.held_sent = held.iter().filter(|(_, _, _, accepted)| !accepted).count();
                         if !mine.is_empty() {
                             let envelopes = mine
                                 .into_iter()
-                                .map(|(_, id, msg)| Envelope::new(&id, shard, msg))
+                                .map(|(_, id, msg, _)| Envelope::new(&id, shard, msg))
                                 .collect();
                             self.handle_locked(g, RegionInput::Held { shard, envelopes });
                         }
@@ -890,6 +899,7 @@ where
         match (fenced, g.fenced.is_some()) {
             (true, false) => {
                 g.fenced = Some(Vec::new());
+                g.held_sent = 0;
                 let hosted = g.state.hosted_shards();
                 if self.held_for_leave.load(Ordering::SeqCst) {
                     tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "leave out of time: stopping the entities of every shard still here");
@@ -929,6 +939,7 @@ where
                     }
                 }
                 let held = g.fenced.take().unwrap_or_default();
+                g.held_sent = 0;
                 tracing::info!(entity_type = %self.type_name, held = held.len(), "fence lifted: hosting again");
                 // A shard still hosted here hosts again: the fence's stop of its entities was
                 // called off above (those still ending come back with what they had not
@@ -949,7 +960,7 @@ where
                 // while fenced took its held messages along), never to an entity started
                 // here for a shard this node no longer owns.
                 let mut by_shard: Vec<(ShardId, Vec<Envelope<M>>)> = Vec::new();
-                for (shard, id, msg) in held {
+                for (shard, id, msg, _) in held {
                     let env = Envelope::new(&id, shard, msg);
                     match by_shard.iter_mut().find(|(s, _)| *s == shard) {
                         Some((_, envelopes)) => envelopes.push(env),
@@ -1040,10 +1051,13 @@ where
                 // Accepted before the fence: kept even past the held buffer's bound.
                 let at = held
                     .iter()
-                    .position(|(s, held_id, _)| *s == shard && held_id == id)
+                    .position(|(s, held_id, _, _)| *s == shard && held_id == id)
                     .unwrap_or(held.len());
                 let owned: String = id.to_string();
-                held.splice(at..at, msgs.into_iter().map(|m| (shard, owned.clone(), m)));
+                held.splice(
+                    at..at,
+                    msgs.into_iter().map(|m| (shard, owned.clone(), m, true)),
+                );
             }
             // Not fenced any more, or the shard is stopping or has moved: through the state
             // machine, like the unhandled messages of a hand-off.
@@ -1081,7 +1095,7 @@ where
         } else {
             "cluster node stopped while fenced"
         };
-        for (_, id, _) in held {
+        for (_, id, _, _) in held {
             self.dead_letter(&id, reason);
         }
         // Messages waiting for a home (or for a shard to finish moving) go nowhere now.
@@ -1172,7 +1186,8 @@ where
 
     fn stats(&self) -> RegionStats {
         let mut stats = self.local.stats();
-        stats.buffered_messages += self.inner.lock().state.buffered();
+        let g = self.inner.lock();
+        stats.buffered_messages += g.state.buffered() + g.fenced.as_ref().map_or(0, Vec::len);
         stats
     }
 

@@ -350,6 +350,21 @@ pub async fn start_node_tuned(
     configure: &Configure,
     tune: &Tune,
 ) -> Node {
+    start_node_set(id, seed, shards, reg, faults, configure, tune, &settings()).await
+}
+
+/// [`start_node_tuned`] with the type's cluster sharding settings `set`.
+#[allow(clippy::too_many_arguments)]
+pub async fn start_node_set(
+    id: &str,
+    seed: Option<&str>,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    configure: &Configure,
+    tune: &Tune,
+    set: &ClusterShardingSettings,
+) -> Node {
     let (system, cluster, sharding) = faulty_member_tuned(id, seed, faults, tune).await;
     let node = id.to_string();
     let r = reg.clone();
@@ -361,7 +376,7 @@ pub async fn start_node_tuned(
                 })
                 .shards(shards),
             ),
-            settings(),
+            set.clone(),
         )
         .expect("type starts");
     Node {
@@ -460,12 +475,25 @@ pub async fn cluster_tuned(
     configure: &Configure,
     tune: &Tune,
 ) -> Vec<Node> {
-    let first = start_node_tuned("n0", None, shards, reg, faults, configure, tune).await;
+    cluster_set(n, shards, reg, faults, configure, tune, &settings()).await
+}
+
+/// [`cluster_tuned`] with the type's cluster sharding settings `set` on every node.
+pub async fn cluster_set(
+    n: usize,
+    shards: u32,
+    reg: &Arc<Registry>,
+    faults: Option<&FaultInjector>,
+    configure: &Configure,
+    tune: &Tune,
+    set: &ClusterShardingSettings,
+) -> Vec<Node> {
+    let first = start_node_set("n0", None, shards, reg, faults, configure, tune, set).await;
     let seed = first.id().address.clone();
     let mut nodes = vec![first];
     for i in 1..n {
         let id = format!("n{i}");
-        let node = start_node_tuned(&id, Some(&seed), shards, reg, faults, configure, tune);
+        let node = start_node_set(&id, Some(&seed), shards, reg, faults, configure, tune, set);
         nodes.push(node.await);
     }
     all_up(&nodes).await;
