@@ -62,7 +62,7 @@ async fn control_messages_overtake_queued_user_messages() {
     );
     let mut events = a.events();
     let to_b = a.lookup::<Msg>("/user/rec", b.addr());
-    // Both connections up (each lane dials on its first message), the message on each handled.
+    // Both connections up (each lane dials on its first message), the control one handled.
     to_b.try_tell(Msg::User(0)).unwrap();
     to_b.try_tell_control(Msg::Control(0)).unwrap();
     let mut up = 0;

@@ -309,7 +309,9 @@ async fn fence_n2_while_gated(
         faults.cut_both("n2", peer);
     }
     wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
-    // The region takes the fence in on its own task: `busy` is told to stop once it has.
+    // The region takes the fence in on its own task: `busy` is told to stop once it has
+    // (`stats` takes the region's lock, which the fence holds until it has stopped every
+    // hosted shard's entities, so a count seen here means the forced stops were issued).
     poll(
         "the busy entity told to stop",
         Duration::from_secs(5),

@@ -1086,7 +1086,10 @@ where
                 .collect();
             (
                 g.state.hosted_shards(),
-                g.fenced.take().unwrap_or_default(),
+                {
+                    g.held_sent = 0;
+                    g.fenced.take().unwrap_or_default()
+                },
                 waiting,
             )
         };

@@ -460,7 +460,19 @@ impl Sim {
             self.hosting[&i].contains(&s) && !self.stopping[&i].contains(&s),
             "region {i} delivers to shard {s} it does not host (or is stopping)"
         );
+        let id = env.payload.2;
+        assert!(
+            !self.delivered.contains_key(&id) && !self.in_mailbox(id),
+            "message {id} delivered twice"
+        );
         self.mailboxes.entry((i, s)).or_default().push_back(env);
+    }
+
+    /// Whether message `id` waits in some entity's mailbox.
+    fn in_mailbox(&self, id: u64) -> bool {
+        self.mailboxes
+            .values()
+            .any(|q| q.iter().any(|e| e.payload.2 == id))
     }
 
     /// An entity handles `env`: exactly once, in order per sender.
