@@ -16,6 +16,12 @@
 //! the link. A request over a link delayed one way takes `d` longer; a round trip over a link
 //! delayed both ways takes `2 d` longer. Changing or removing the delay never reorders frames:
 //! frames that arrive while earlier ones are still held queue behind them.
+//!
+//! While one connection of the link `from -> to` is held ([`FaultInjector::hold`], by
+//! [`Lane`]), `to`'s reader of that connection holds every frame arriving on it until the
+//! hold is released, then handles them in arrival order; the other connection of the pair
+//! flows. This lets a test put frames of both connections in flight and decide which are
+//! handled first, with no timing involved.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
+use tokio::sync::Notify;
+
+use crate::frame::Lane;
 
 /// A shared switchboard of cut and delayed links between node ids. Cloning shares it.
 #[derive(Clone, Debug, Default)]
@@ -36,6 +45,10 @@ struct Inner {
     cut: RwLock<HashSet<(String, String)>>,
     any_delay: AtomicBool,
     delays: RwLock<HashMap<(String, String), Duration>>,
+    any_hold: AtomicBool,
+    holds: RwLock<HashSet<(String, String, Lane)>>,
+    /// Told whenever a hold ends.
+    released: Notify,
 }
 
 impl FaultInjector {
@@ -72,6 +85,9 @@ impl FaultInjector {
             self.inner
                 .any_delay
                 .store(!delays.is_empty(), Ordering::Release);
+        }
+        for lane in Lane::ALL {
+            self.release(from, to, lane);
         }
         tracing::info!(from, to, "fault injection: link healed");
     }
@@ -123,6 +139,65 @@ impl FaultInjector {
         self.inner.any.store(false, Ordering::Release);
         self.inner.delays.write().clear();
         self.inner.any_delay.store(false, Ordering::Release);
+        self.inner.holds.write().clear();
+        self.inner.any_hold.store(false, Ordering::Release);
+        self.inner.released.notify_waiters();
+    }
+
+    /// Holds the frames node `from` sends to node `to` on its `lane` connection: `to`
+    /// handles none of them until [`release`](Self::release) (or a heal), then all of them,
+    /// in arrival order. See the module docs.
+    pub fn hold(&self, from: &str, to: &str, lane: Lane) {
+        let mut holds = self.inner.holds.write();
+        holds.insert((from.to_string(), to.to_string(), lane));
+        self.inner.any_hold.store(true, Ordering::Release);
+        tracing::info!(from, to, lane = lane.as_str(), "fault injection: lane held");
+    }
+
+    /// Ends a [`hold`](Self::hold): the held frames are handled, in arrival order.
+    pub fn release(&self, from: &str, to: &str, lane: Lane) {
+        {
+            let mut holds = self.inner.holds.write();
+            if !holds.remove(&(from.to_string(), to.to_string(), lane)) {
+                return;
+            }
+            self.inner
+                .any_hold
+                .store(!holds.is_empty(), Ordering::Release);
+        }
+        self.inner.released.notify_waiters();
+        tracing::info!(
+            from,
+            to,
+            lane = lane.as_str(),
+            "fault injection: lane released"
+        );
+    }
+
+    /// True while the `lane` connection of `from -> to` is held.
+    pub fn is_held(&self, from: &str, to: &str, lane: Lane) -> bool {
+        if !self.inner.any_hold.load(Ordering::Acquire) {
+            return false;
+        }
+        self.inner
+            .holds
+            .read()
+            .iter()
+            .any(|(f, t, l)| f == from && t == to && *l == lane)
+    }
+
+    /// Waits until the `lane` connection of `from -> to` is not held.
+    pub(crate) async fn until_released(&self, from: &str, to: &str, lane: Lane) {
+        loop {
+            // Registered before the check, so a release between the two is not missed.
+            let released = self.inner.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if !self.is_held(from, to, lane) {
+                return;
+            }
+            released.await;
+        }
     }
 
     /// True while `from -> to` is cut.
@@ -178,5 +253,35 @@ mod tests {
         assert_eq!(f.delay_of("c", "a"), Some(d));
         f.heal_all();
         assert_eq!(f.delay_of("c", "a"), None);
+    }
+
+    #[tokio::test]
+    async fn a_hold_is_per_lane_and_ends_with_a_release_or_a_heal() {
+        let f = FaultInjector::new();
+        f.hold("a", "b", Lane::User);
+        assert!(f.is_held("a", "b", Lane::User));
+        assert!(!f.is_held("a", "b", Lane::Control));
+        assert!(!f.is_held("b", "a", Lane::User));
+        assert!(!f.is_cut("a", "b") && f.delay_of("a", "b").is_none());
+        // Not released yet: the wait does not end.
+        let wait = f.until_released("a", "b", Lane::User);
+        tokio::pin!(wait);
+        assert!(futures_util::FutureExt::now_or_never(wait.as_mut()).is_none());
+        f.release("a", "b", Lane::User);
+        wait.await;
+        assert!(!f.is_held("a", "b", Lane::User));
+        f.until_released("a", "b", Lane::Control).await;
+        // Healing the link ends its holds, and wakes who waits for them.
+        f.hold("a", "b", Lane::Control);
+        let waiter = {
+            let f = f.clone();
+            tokio::spawn(async move { f.until_released("a", "b", Lane::Control).await })
+        };
+        tokio::task::yield_now().await;
+        f.heal("a", "b");
+        waiter.await.unwrap();
+        f.hold("a", "c", Lane::User);
+        f.heal_all();
+        assert!(!f.is_held("a", "c", Lane::User));
     }
 }

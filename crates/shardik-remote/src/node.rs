@@ -1016,16 +1016,16 @@ async fn run_connection<R, W>(
             };
             match Frame::decode_body_with(body, &mut headers) {
                 Ok(frame) => {
-                    // Fault injection: a delayed link, or frames still held from one.
-                    let delay = node
-                        .cfg
-                        .faults
-                        .as_ref()
-                        .and_then(|f| f.delay_of(&remote.node_id, &node.local.me.node_id));
+                    // Fault injection: a delayed link or a held lane, or frames still held
+                    // from one.
+                    let (delay, hold) = node.cfg.faults.as_ref().map_or((None, false), |f| {
+                        let (from, to) = (&remote.node_id, &node.local.me.node_id);
+                        (f.delay_of(from, to), f.is_held(from, to, lane))
+                    });
                     let held = delayer
                         .as_ref()
                         .is_some_and(|d| d.pending.load(Ordering::Acquire) > 0);
-                    if delay.is_some() || held {
+                    if delay.is_some() || hold || held {
                         let d = delayer.get_or_insert_with(|| {
                             Delayer::start(&node, &peer, lane, &remote.node_id, &cancel)
                         });
@@ -1101,8 +1101,9 @@ impl Drop for ConnEnd {
     }
 }
 
-/// Holds the frames of a delayed link (fault injection) until they are due, and then handles
-/// them in arrival order, off the reader task so that reading goes on.
+/// Holds the frames of a delayed link or a held lane (fault injection) until they are due
+/// and the lane is not held, and then handles them in arrival order, off the reader task so
+/// that reading goes on.
 struct Delayer {
     tx: mpsc::UnboundedSender<(tokio::time::Instant, Frame)>,
     /// Frames sent to the delayer and not handled yet.
@@ -1139,6 +1140,13 @@ impl Delayer {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep_until(due) => {}
+                }
+                if let Some(faults) = &node2.cfg.faults {
+                    let me = &node2.local.me.node_id;
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = faults.until_released(&remote_id, me, lane) => {}
+                    }
                 }
                 let keep = node2.handle_frame(&peer, lane, &remote_id, frame, &mut lookups);
                 left.fetch_sub(1, Ordering::AcqRel);
