@@ -127,11 +127,11 @@ impl Op {
     /// writes; ignored on success for the others).
     pub(crate) fn complete(self, outcome: Result<u64, StoreError>) -> Done {
         match self {
-            Op::Append(_, tx) | Op::Upsert(_, tx) => Done::Number(tx, outcome),
+            Op::Append(_, tx) | Op::Upsert(_, tx) => Done(Some(Answer::Number(tx, outcome))),
             Op::DeleteEvents(_, _, tx)
             | Op::SaveSnapshot(_, tx)
             | Op::DeleteSnapshots(_, _, tx)
-            | Op::DeleteState(_, _, tx) => Done::Unit(tx, outcome.map(drop)),
+            | Op::DeleteState(_, _, tx) => Done(Some(Answer::Unit(tx, outcome.map(drop)))),
         }
     }
 }
@@ -408,17 +408,36 @@ fn new_state(persistence_id: &str, stored: Option<Position>) -> StateChange<'_> 
 }
 
 /// An operation's outcome, held until its batch's transaction has committed.
-pub(crate) enum Done {
+///
+/// Dropped unsent (its batch panicked after deciding it), a refusal is still sent: the write
+/// was refused before anything was written (a conflict, text PostgreSQL cannot store, no
+/// connection), so that answer is as true as it was. A success is not: whether it was
+/// committed is unknown, which its reply slot says if the batch panicked (see [`Reply`]).
+pub(crate) struct Done(Option<Answer>);
+
+enum Answer {
     Number(Reply<u64>, Result<u64, StoreError>),
     Unit(Reply<()>, Result<(), StoreError>),
 }
 
 impl Done {
     /// Answers the caller (who may have stopped waiting).
-    pub(crate) fn send(self) {
-        match self {
-            Done::Number(tx, r) => tx.send(r),
-            Done::Unit(tx, r) => tx.send(r),
+    pub(crate) fn send(mut self) {
+        match self.0.take() {
+            Some(Answer::Number(tx, r)) => tx.send(r),
+            Some(Answer::Unit(tx, r)) => tx.send(r),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        match self.0.take() {
+            Some(Answer::Number(tx, Err(e))) => tx.send(Err(e)),
+            Some(Answer::Unit(tx, Err(e))) => tx.send(Err(e)),
+            // A success not sent: the slot's own drop says what is known.
+            Some(Answer::Number(..) | Answer::Unit(..)) | None => {}
         }
     }
 }
@@ -486,14 +505,29 @@ mod tests {
     use super::*;
 
     /// What a reply slot's caller reads.
-    fn outcome(mut rx: oneshot::Receiver<Result<u64, StoreError>>) -> String {
+    fn outcome<T: std::fmt::Debug>(mut rx: oneshot::Receiver<Result<T, StoreError>>) -> String {
         match rx.try_recv() {
-            Ok(Ok(n)) => format!("answered {n}"),
+            Ok(Ok(n)) => format!("answered {n:?}"),
             Ok(Err(StoreError::Backend(m))) => m,
             Ok(Err(e)) => format!("{e:?}"),
             Err(oneshot::error::TryRecvError::Closed) => "closed".into(),
             Err(oneshot::error::TryRecvError::Empty) => "waiting".into(),
         }
+    }
+
+    /// An append of one event to `pid` and its caller's end.
+    fn append_with_reply(pid: &str) -> (Op, oneshot::Receiver<Result<u64, StoreError>>) {
+        let (tx, rx) = Reply::channel("PostgreSQL");
+        let op = Op::Append(
+            AppendRequest {
+                persistence_id: pid.into(),
+                expected_seq_nr: 0,
+                writer: 1,
+                events: vec![payload(1)],
+            },
+            tx,
+        );
+        (op, rx)
     }
 
     #[test]
@@ -523,6 +557,48 @@ mod tests {
         let (slot, rx_closed) = Reply::<u64>::channel("PostgreSQL");
         drop(slot);
         assert_eq!(outcome(rx_closed), "closed");
+    }
+
+    /// A batch that panics after deciding some outcomes: its refusals still reach their
+    /// callers as they were decided (nothing of those writes was written), its successes
+    /// say that whether they were stored is unknown.
+    #[test]
+    fn a_decided_refusal_survives_its_batchs_panic() {
+        let op = |pid: &str| {
+            let (tx, rx) = Reply::channel("PostgreSQL");
+            (Op::DeleteEvents(pid.into(), 1, tx), rx)
+        };
+        let (refused, rx_refused) = append_with_reply("a");
+        let (accepted, rx_accepted) = append_with_reply("b");
+        let (unit_refused, rx_unit_refused) = op("c");
+        let (unit_accepted, rx_unit_accepted) = op("d");
+        let decided = vec![
+            refused.refuse(StoreError::Backend(
+                "postgres: text must not contain NUL".into(),
+            )),
+            accepted.complete(Ok(3)),
+            unit_refused.complete(Err(StoreError::Conflict {
+                persistence_id: "c".into(),
+                expected: 1,
+                actual: 2,
+            })),
+            unit_accepted.complete(Ok(0)),
+        ];
+        {
+            let _answer = AnswerAsPanicked::enter();
+            drop(decided);
+        }
+        assert_eq!(outcome(rx_refused), "postgres: text must not contain NUL");
+        let m = outcome(rx_accepted);
+        assert!(m.contains("PostgreSQL writer panicked"), "{m}");
+        let m = outcome(rx_unit_refused);
+        assert!(m.starts_with("Conflict"), "{m}");
+        let m = outcome(rx_unit_accepted);
+        assert!(m.contains("PostgreSQL writer panicked"), "{m}");
+        // Sent, nothing is sent again.
+        let (op, rx) = append_with_reply("e");
+        op.complete(Ok(1)).send();
+        assert_eq!(outcome(rx), "answered 1");
     }
 
     fn payload(n: u64) -> Payload {
