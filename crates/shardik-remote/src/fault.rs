@@ -18,10 +18,12 @@
 //! frames that arrive while earlier ones are still held queue behind them.
 //!
 //! While one connection of the link `from -> to` is held ([`FaultInjector::hold`], by
-//! [`Lane`]), `to`'s reader of that connection holds every frame arriving on it until the
-//! hold is released, then handles them in arrival order; the other connection of the pair
-//! flows. This lets a test put frames of both connections in flight and decide which are
-//! handled first, with no timing involved.
+//! [`Lane`]), `to`'s reader of that connection keeps reading but handles nothing it reads
+//! (nor frames still waiting out a delay) until the hold is released, then handles them in
+//! arrival order; the other connection of the pair flows. This lets a test put frames of
+//! both connections in flight and decide which are handled first, with no timing involved.
+//! Held frames are kept in memory without a bound and are lost if the connection closes;
+//! no counter counts them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,7 +73,7 @@ impl FaultInjector {
         self.cut(b, a);
     }
 
-    /// Restores the link `from -> to`: no cut, no delay.
+    /// Restores the link `from -> to`: no cut, no delay, no held lane.
     pub fn heal(&self, from: &str, to: &str) {
         let key = (from.to_string(), to.to_string());
         {
@@ -133,7 +135,7 @@ impl FaultInjector {
         self.heal(b, a);
     }
 
-    /// Restores every link: no cuts, no delays.
+    /// Restores every link: no cuts, no delays, no held lanes.
     pub fn heal_all(&self) {
         self.inner.cut.write().clear();
         self.inner.any.store(false, Ordering::Release);
@@ -188,6 +190,10 @@ impl FaultInjector {
 
     /// Waits until the `lane` connection of `from -> to` is not held.
     pub(crate) async fn until_released(&self, from: &str, to: &str, lane: Lane) {
+        // The usual case (a delayed link, nothing held) touches no `Notify`.
+        if !self.is_held(from, to, lane) {
+            return;
+        }
         loop {
             // Registered before the check, so a release between the two is not missed.
             let released = self.inner.released.notified();

@@ -43,6 +43,10 @@ impl Actor for Recorder {
     }
 }
 
+/// Control messages do not wait behind user messages sent before them: with a's user
+/// connection held at b, a control message sent after 100 000 user messages is handled
+/// first. (b keeps reading the held connection, so this shows the separate connections at
+/// the receiver; that the sender's queues are separate is `control_lane.rs`'s subject.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_messages_overtake_queued_user_messages() {
     const N: u64 = 100_000;
