@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use cluster_util::*;
 use shardik_cluster::runtime::NodeStopReason;
-use shardik_remote::FaultInjector;
+use shardik_remote::{FaultInjector, Lane};
+use shardik_sharding::coordination::{
+    AllocationStrategy, AllocationView, LeastShards, Move, RegionId,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_node_stops_its_entities_before_the_majority_restarts_them() {
@@ -372,4 +375,182 @@ async fn fence_n2_while_busy(
         faults.cut_both("n2", other);
     }
     wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+}
+
+/// Moves one shard, once armed, from wherever it is to one region: deterministic in its
+/// arguments once armed (the test arms it once, before the move it asks for). Clones share
+/// the switch.
+#[derive(Clone, Debug, Default)]
+struct MoveWhenArmed(Arc<parking_lot::Mutex<Option<(shardik_sharding::ShardId, RegionId)>>>);
+
+impl AllocationStrategy for MoveWhenArmed {
+    fn name(&self) -> &str {
+        "move-when-armed"
+    }
+
+    fn allocate(
+        &self,
+        shard: shardik_sharding::ShardId,
+        requester: Option<&RegionId>,
+        view: &AllocationView<'_>,
+    ) -> Option<RegionId> {
+        LeastShards.allocate(shard, requester, view)
+    }
+
+    fn rebalance(&self, view: &AllocationView<'_>, _limit: usize) -> Vec<Move> {
+        let Some((shard, to)) = self.0.lock().clone() else {
+            return Vec::new();
+        };
+        view.regions
+            .iter()
+            .find(|(r, shards)| **r != to && shards.contains(&shard))
+            .map(|(from, _)| Move {
+                shard,
+                from: from.clone(),
+                to,
+            })
+            .into_iter()
+            .collect()
+    }
+}
+
+/// A node fenced while one of its shards is being handed off (the hand-off has begun, its
+/// entities still run here) keeps a stopped entity's unhandled messages ahead of the newer
+/// ones it holds for the same entity: a peer's older messages waited in the entity's
+/// mailbox, its newer ones reached the fenced node behind them, and after the lift and the
+/// move every sender's messages were handled once each, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_during_a_hand_off_keeps_unhandled_messages_ahead_of_newer_held_ones() {
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    let tune = |c: shardik_cluster::runtime::ClusterConfig| c.stable_after(Duration::from_secs(30));
+    let strategy = MoveWhenArmed::default();
+    let mut set = settings()
+        .rebalance_interval(Duration::from_millis(100))
+        .allocation_strategy(strategy.clone());
+    // The hand-off waits for the fenced node's acknowledgement instead of being aborted.
+    set.handoff_ack_timeout = Duration::from_secs(60);
+    let nodes = cluster_set(3, 12, &reg, Some(&faults), &|t| t, &tune, &set).await;
+    let coordinator = nodes[0].sharding.coordinator(TYPE).expect("n0 coordinates");
+    let n0 = coordinator
+        .state
+        .regions
+        .keys()
+        .find(|r| r.0.contains("#n0#"))
+        .expect("n0's region")
+        .clone();
+    let (busy, other) = two_on_n2(&nodes).await;
+    let shard = shardik_sharding::shard_of(&busy, 12);
+    let (r0, r1, r2) = (&nodes[0].region, &nodes[1].region, &nodes[2].region);
+    // n1 routes to n2 for the shard, so the hand-off waits for n1's fence too.
+    r1.tell(&busy, Msg::Add { sender: 8, seq: 0 });
+    poll("n1's message handled", Duration::from_secs(5), || {
+        handled(&reg, &busy) == 1
+    })
+    .await;
+    r2.tell(
+        &busy,
+        Msg::Slow {
+            sender: 9,
+            seq: 0,
+            ms: u64::MAX,
+        },
+    );
+    poll("the busy entity works", Duration::from_secs(5), || {
+        reg.slow_started.lock().contains(&busy)
+    })
+    .await;
+    // Older messages in busy's mailbox: n0's (sender 7) and n2's own (sender 9). n0's message
+    // to `other` follows n0's on the same connection: once handled, they were delivered.
+    for seq in 0..3 {
+        r0.tell(&busy, Msg::Add { sender: 7, seq });
+    }
+    r0.tell(&other, Msg::Add { sender: 7, seq: 0 });
+    poll(
+        "n0's older messages delivered",
+        Duration::from_secs(5),
+        || handled(&reg, &other) == 1,
+    )
+    .await;
+    for seq in 1..=3 {
+        r2.tell(&busy, Msg::Add { sender: 9, seq });
+    }
+    // Newer messages from n0, and both peers' fences later, held at n2 until released.
+    faults.hold("n0", "n2", Lane::User);
+    faults.hold("n1", "n2", Lane::User);
+    for seq in 3..6 {
+        r0.tell(&busy, Msg::Add { sender: 7, seq });
+    }
+    *strategy.0.lock() = Some((shard, n0));
+    // Once the hand-off has begun at n2, n2's own messages for the shard wait for its next
+    // home instead of going to the entity.
+    let mut next9 = 4;
+    poll("the hand-off began at n2", Duration::from_secs(10), || {
+        if r2.stats().buffered_messages > 0 {
+            return true;
+        }
+        r2.tell(
+            &busy,
+            Msg::Add {
+                sender: 9,
+                seq: next9,
+            },
+        );
+        next9 += 1;
+        false
+    })
+    .await;
+    let waiting = r2.stats().buffered_messages;
+    // n2 hears from nobody: it fences itself, the hand-off still under way.
+    faults.hold("n2", "n0", Lane::Control);
+    faults.hold("n2", "n1", Lane::Control);
+    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    poll(
+        "the busy entity told to stop",
+        Duration::from_secs(5),
+        || r2.stats().stopping_entities >= 1,
+    )
+    .await;
+    // n0's newer messages arrive while fenced (n1's fence stays held, so the hand-off does
+    // not move on to stopping the shard): held.
+    faults.release("n0", "n2", Lane::User);
+    poll("n0's newer messages held", Duration::from_secs(5), || {
+        r2.stats().buffered_messages == waiting + 3
+    })
+    .await;
+    // Its message done, the busy entity stops and hands back its mailbox: ahead of them.
+    reg.gate.open();
+    poll("the mailbox handed back", Duration::from_secs(5), || {
+        r2.stats().buffered_messages >= waiting + 3 + 6
+    })
+    .await;
+    faults.heal_all();
+    wait_state(&nodes[2].cluster, "n2 unfenced", |s| !s.fenced).await;
+    poll("the shard moved to n0", Duration::from_secs(20), || {
+        nodes[0].hosted().contains(&shard) && !nodes[2].hosted().contains(&shard)
+    })
+    .await;
+    for seq in 6..9 {
+        r0.tell(&busy, Msg::Add { sender: 7, seq });
+    }
+    for seq in 1..4 {
+        r1.tell(&busy, Msg::Add { sender: 8, seq });
+    }
+    for seq in next9..next9 + 3 {
+        r2.tell(&busy, Msg::Add { sender: 9, seq });
+    }
+    let total = 9 + 4 + (next9 as usize + 3);
+    poll("every message handled", Duration::from_secs(20), || {
+        handled(&reg, &busy) >= total
+    })
+    .await;
+    reg.assert_stream(&busy, &[7], 9);
+    reg.assert_stream(&busy, &[8], 4);
+    reg.assert_stream(&busy, &[9], next9 + 3);
+    assert_eq!(
+        reg.homes.lock()[&busy].last().map(String::as_str),
+        Some("n0")
+    );
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
 }
