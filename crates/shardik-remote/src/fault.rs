@@ -137,12 +137,23 @@ impl FaultInjector {
 
     /// Restores every link: no cuts, no delays, no held lanes.
     pub fn heal_all(&self) {
-        self.inner.cut.write().clear();
-        self.inner.any.store(false, Ordering::Release);
-        self.inner.delays.write().clear();
-        self.inner.any_delay.store(false, Ordering::Release);
-        self.inner.holds.write().clear();
-        self.inner.any_hold.store(false, Ordering::Release);
+        // Each flag is stored under its set's lock, so a fault added at the same time is
+        // either cleared with the set or keeps its flag.
+        {
+            let mut cut = self.inner.cut.write();
+            cut.clear();
+            self.inner.any.store(false, Ordering::Release);
+        }
+        {
+            let mut delays = self.inner.delays.write();
+            delays.clear();
+            self.inner.any_delay.store(false, Ordering::Release);
+        }
+        {
+            let mut holds = self.inner.holds.write();
+            holds.clear();
+            self.inner.any_hold.store(false, Ordering::Release);
+        }
         self.inner.released.notify_waiters();
     }
 
