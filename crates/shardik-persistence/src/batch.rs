@@ -409,10 +409,13 @@ fn new_state(persistence_id: &str, stored: Option<Position>) -> StateChange<'_> 
 
 /// An operation's outcome, held until its batch's transaction has committed.
 ///
-/// Dropped unsent (its batch panicked after deciding it), a refusal is still sent: the write
-/// was refused before anything was written (a conflict, text PostgreSQL cannot store, no
-/// connection), so that answer is as true as it was. A success is not: whether it was
-/// committed is unknown, which its reply slot says if the batch panicked (see [`Reply`]).
+/// Dropped unsent (its batch panicked after deciding it), an error is still sent: it is the
+/// answer the writer had decided on. The one such path today: the PostgreSQL lane refuses
+/// text it cannot store before it writes anything, so a later panic of the batch changes
+/// nothing for that write. (Writers build every other `Done` only once the batch's outcome
+/// is known, after its commit or its failure.) A success dropped unsent is not sent: whether
+/// it was committed is unknown, which its reply slot says if the batch panicked (see
+/// [`Reply`]).
 pub(crate) struct Done(Option<Answer>);
 
 enum Answer {

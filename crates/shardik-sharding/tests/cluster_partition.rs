@@ -524,6 +524,10 @@ async fn a_fence_during_a_hand_off_keeps_unhandled_messages_ahead_of_newer_held_
         r2.stats().buffered_messages >= waiting + 3 + 6
     })
     .await;
+    // The hand-off still runs (the coordinator has not aborted it for a missing
+    // acknowledgement): n2 handed the mailbox back while handing the shard off.
+    let running = nodes[0].sharding.coordinator(TYPE).expect("n0 coordinates");
+    assert_eq!(running.handoffs, 1, "the hand-off was aborted");
     faults.heal_all();
     wait_state(&nodes[2].cluster, "n2 unfenced", |s| !s.fenced).await;
     poll("the shard moved to n0", Duration::from_secs(20), || {
