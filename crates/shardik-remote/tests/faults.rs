@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use shardik_actor::AskError;
-use shardik_remote::FaultInjector;
+use shardik_remote::{FaultInjector, Lane};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_one_way_then_both_then_heal() {
@@ -149,4 +149,39 @@ async fn delay_one_way_then_both_then_heal() {
     assert_eq!(to_b.ask(|reply| Echo::Inc { n: 7, reply }, T).await, Ok(8));
     assert!(started.elapsed() < d, "healed");
     assert_eq!(a.stats().fault_dropped, 0, "a delay drops nothing");
+}
+
+/// A held connection: b handles nothing a sends on its user connection until released, while
+/// the control connection flows; then everything held, and what follows, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lane_handles_nothing_until_released_then_all_in_order() {
+    let faults = FaultInjector::new();
+    let (_sys_a, a) = node_with(config("a").faults(faults.clone())).await;
+    let (sys_b, b) = node_with(config("b").faults(faults.clone())).await;
+    let mut seen_b = echo(&sys_b, &b);
+    let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+    faults.hold("a", "b", Lane::User);
+    for n in 0..10 {
+        to_b.tell(Echo::Record { from: 1, n });
+    }
+    // Sent after them on the other connection, handled before any of them.
+    to_b.try_tell_control(Echo::Record { from: 2, n: 0 })
+        .unwrap();
+    assert_eq!(next(&mut seen_b).await, (2, 0));
+    faults.release("a", "b", Lane::User);
+    for n in 10..20 {
+        to_b.tell(Echo::Record { from: 1, n });
+    }
+    for n in 0..20 {
+        assert_eq!(next(&mut seen_b).await, (1, n));
+    }
+    // Holding the other connection holds only it.
+    faults.hold("a", "b", Lane::Control);
+    to_b.try_tell_control(Echo::Record { from: 2, n: 1 })
+        .unwrap();
+    to_b.tell(Echo::Record { from: 1, n: 20 });
+    assert_eq!(next(&mut seen_b).await, (1, 20));
+    faults.heal("a", "b");
+    assert_eq!(next(&mut seen_b).await, (2, 1));
+    assert_eq!(b.stats().fault_dropped, 0, "a hold drops nothing");
 }
