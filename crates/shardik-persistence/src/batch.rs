@@ -598,7 +598,8 @@ mod tests {
         assert!(m.starts_with("Conflict"), "{m}");
         let m = outcome(rx_unit_accepted);
         assert!(m.contains("PostgreSQL writer panicked"), "{m}");
-        // Sent, nothing is sent again.
+        // A `Done` sent normally still answers its caller once, with its outcome (its drop,
+        // after the send, finds nothing left to send: a oneshot could not show a second).
         let (op, rx) = append_with_reply("e");
         op.complete(Ok(1)).send();
         assert_eq!(outcome(rx), "answered 1");
