@@ -432,16 +432,11 @@ mod tests {
         }
     }
 
-    /// A batch that panics in a writer lane (inside its transaction, after the positions were
-    /// read) fails its writes with an error that says so (not as a closed store), and the
-    /// lane serves the next writes, committed, on another connection.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_panicking_batch_fails_its_writes_and_the_lane_serves_on() {
-        let Some(url) = pg_url() else { return };
+    /// A store with one writer lane in a schema of its own (tests share the server).
+    async fn one_lane_store(url: &str, prefix: &str) -> PostgresStore {
         let options = PostgresOptions {
-            // Fresh per run: tests share the server.
             schema: format!(
-                "panic_{}_{}",
+                "{prefix}_{}_{}",
                 std::process::id(),
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -451,15 +446,81 @@ mod tests {
             writers: 1,
             ..PostgresOptions::default()
         };
-        let store = PostgresStore::connect_with(&url, options)
+        PostgresStore::connect_with(url, options)
             .await
-            .expect("connect to SHARDIK_PG_URL");
-        let append = |pid: &str, expected: u64| AppendRequest {
+            .expect("connect to SHARDIK_PG_URL")
+    }
+
+    /// An append of one event at `expected` by writer 1.
+    fn append(pid: &str, expected: u64) -> AppendRequest {
+        AppendRequest {
             persistence_id: pid.into(),
             expected_seq_nr: expected,
             writer: 1,
             events: vec![crate::codec::Payload::encode_as("n", 1, &expected).unwrap()],
+        }
+    }
+
+    /// A batch whose commit happened but whose answer was lost with its connection is
+    /// written again on another connection, where its append finds the stream moved on by
+    /// its own lost commit. The caller is told that whether the write was stored is unknown,
+    /// not that another writer got there first (nor, when every connection is lost, only
+    /// what broke), and the lane serves on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_whose_commit_answer_was_lost_is_reported_unknown() {
+        let Some(url) = pg_url() else { return };
+        let store = one_lane_store(&url, "lost_answer").await;
+        let unknown = |outcome: Result<u64, StoreError>, what: &str| match outcome {
+            Err(StoreError::Backend(m)) => {
+                assert!(
+                    m.contains("whether this write was stored is unknown"),
+                    "{what}: {m}"
+                );
+                m
+            }
+            other => panic!("{what} answered {other:?}"),
         };
+        // Lost once: the next attempt finds its own event.
+        let m = unknown(
+            store
+                .append(append(super::writer::LOSE_ANSWER_ONCE_ID, 0))
+                .await,
+            "a write whose answer was lost once",
+        );
+        assert!(m.contains("concurrency conflict"), "{m}");
+        assert_eq!(
+            store
+                .highest_seq_nr(super::writer::LOSE_ANSWER_ONCE_ID)
+                .await,
+            Ok(1),
+            "the lost commit happened"
+        );
+        // Lost on every connection the lane tries.
+        unknown(
+            store.append(append(super::writer::LOSE_ANSWER_ID, 0)).await,
+            "a write whose answers were all lost",
+        );
+        assert_eq!(
+            store.highest_seq_nr(super::writer::LOSE_ANSWER_ID).await,
+            Ok(1)
+        );
+        // The writer goes on from what is stored, and the lane serves on.
+        assert_eq!(
+            store
+                .append(append(super::writer::LOSE_ANSWER_ONCE_ID, 1))
+                .await,
+            Ok(2)
+        );
+        assert_eq!(store.append(append("after", 0)).await, Ok(1));
+    }
+
+    /// A batch that panics in a writer lane (inside its transaction, after the positions were
+    /// read) fails its writes with an error that says so (not as a closed store), and the
+    /// lane serves the next writes, committed, on another connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_batch_fails_its_writes_and_the_lane_serves_on() {
+        let Some(url) = pg_url() else { return };
+        let store = one_lane_store(&url, "panic").await;
         assert_eq!(store.append(append("before", 0)).await, Ok(1));
         match store.append(append(crate::batch::PANIC_ID, 0)).await {
             Err(StoreError::Backend(m)) => assert!(m.contains("panicked"), "{m}"),

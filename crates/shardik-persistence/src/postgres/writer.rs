@@ -26,7 +26,9 @@
 //! A batch whose connection turns out to be gone (the server restarted, failed over or
 //! ended it) is written again on another connection, at most once per pooled connection;
 //! that is safe even if its commit had reached the server, as the position check then
-//! refuses its appends instead of writing them twice.
+//! refuses its appends instead of writing them twice. If the connection was lost while the
+//! batch committed, a write that attempt had accepted and that then fails is reported as
+//! unknown, whatever the next attempt ran into ([`settle`]).
 //!
 //! Any other database error fails the whole batch: every write in it gets the error (none
 //! is acknowledged) and the connection is dropped rather than returned to the pool.
@@ -140,6 +142,9 @@ async fn write_batch(
     if batch.is_empty() {
         return results;
     }
+    // Per write of the batch: accepted by an attempt whose connection was lost while it
+    // committed, so possibly stored (empty until such a loss).
+    let mut maybe_stored: Vec<bool> = Vec::new();
     let mut client = match pool.get().await {
         Ok(c) => Lent(Some(c)),
         Err(e) => {
@@ -159,6 +164,9 @@ async fn write_batch(
         // What the batch's streams hold is unknown now.
         for op in batch.iter() {
             known.forget(op.persistence_id());
+        }
+        if failed.unsure {
+            note_maybe_stored(&mut maybe_stored, failed.plan.as_deref(), batch.len());
         }
         let lost = connection_lost(&failed.error);
         if (failed.raced && attempt < MAX_ATTEMPTS) || (lost && lost_left > 1) {
@@ -182,7 +190,9 @@ async fn write_batch(
                     Ok(c) => Lent(Some(c)),
                     Err(e) => {
                         let e = pool_error(e);
-                        results.extend(batch.drain(..).map(|op| op.refuse(e.clone())));
+                        results.extend(batch.drain(..).enumerate().map(|(i, op)| {
+                            op.refuse(settle(&maybe_stored, i, Err(e.clone())).unwrap_err())
+                        }));
                         return results;
                     }
                 };
@@ -211,9 +221,68 @@ async fn write_batch(
         batch
             .drain(..)
             .zip(outcomes)
-            .map(|(op, outcome)| op.complete(outcome)),
+            .enumerate()
+            .map(|(i, (op, outcome))| op.complete(settle(&maybe_stored, i, outcome))),
     );
     results
+}
+
+/// Tests: a batch holding a write of this id commits, then loses the answer to its commit
+/// with its connection, on every attempt.
+#[cfg(test)]
+pub(super) const LOSE_ANSWER_ID: &str = "lose-the-commit-answer";
+/// Tests: as [`LOSE_ANSWER_ID`], on the first such batch of the process only.
+#[cfg(test)]
+pub(super) const LOSE_ANSWER_ONCE_ID: &str = "lose-the-commit-answer-once";
+
+#[cfg(test)]
+fn lose_answer_on_demand(batch: &[Op]) -> bool {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static LOST_ONCE: AtomicBool = AtomicBool::new(false);
+    let holds = |id: &str| batch.iter().any(|op| op.persistence_id() == id);
+    holds(LOSE_ANSWER_ID) || (holds(LOSE_ANSWER_ONCE_ID) && !LOST_ONCE.swap(true, Ordering::SeqCst))
+}
+
+#[cfg(not(test))]
+fn lose_answer_on_demand(_: &[Op]) -> bool {
+    false
+}
+
+/// Marks the writes that an attempt whose commit may have happened had accepted (all of
+/// them if it failed before checking them).
+fn note_maybe_stored(
+    maybe_stored: &mut Vec<bool>,
+    plan: Option<&[Result<u64, StoreError>]>,
+    writes: usize,
+) {
+    maybe_stored.resize(writes, false);
+    for (i, stored) in maybe_stored.iter_mut().enumerate() {
+        *stored |= plan.is_none_or(|p| p[i].is_ok());
+    }
+}
+
+/// The outcome to report for write `i`: a refusal of a write that an earlier attempt may
+/// have committed (its connection was lost while it committed) says that whether it was
+/// stored is unknown. A conflict found on the next attempt is no exception: the lost commit
+/// itself may be what moved the stream on.
+fn settle(
+    maybe_stored: &[bool],
+    i: usize,
+    outcome: Result<u64, StoreError>,
+) -> Result<u64, StoreError> {
+    match outcome {
+        Err(e) if maybe_stored.get(i).copied().unwrap_or(false) => {
+            let then = match e {
+                StoreError::Backend(text) => text,
+                other => other.to_string(),
+            };
+            Err(StoreError::Backend(format!(
+                "postgres: whether this write was stored is unknown: the connection was lost \
+                 while its batch was committing, and writing it again failed ({then})"
+            )))
+        }
+        outcome => outcome,
+    }
 }
 
 fn storable(op: &Op) -> bool {
@@ -235,6 +304,8 @@ struct Failed {
     raced: bool,
     /// The transaction is known to be over (its `COMMIT` was answered, as a rollback).
     closed: bool,
+    /// The connection was lost while the batch was committing: it may have been committed.
+    unsure: bool,
 }
 
 impl From<tokio_postgres::Error> for Failed {
@@ -244,6 +315,7 @@ impl From<tokio_postgres::Error> for Failed {
             plan: None,
             raced: false,
             closed: false,
+            unsure: false,
         }
     }
 }
@@ -435,7 +507,7 @@ async fn write(
     };
 
     // The last round trip: write the accepted rows and commit.
-    match write_plan(client, sql, &plan, pending).await {
+    match write_plan(client, sql, &plan, pending, lose_answer_on_demand(batch)).await {
         Ok(lost) => {
             for (pid, position) in &plan.streams {
                 known.committed(pid, *position);
@@ -446,11 +518,16 @@ async fn write(
             }
             Ok(outcomes)
         }
-        Err((error, closed)) => Err(Failed {
+        Err(Unfinished {
+            error,
+            closed,
+            unsure,
+        }) => Err(Failed {
             raced: is_journal_race(&error),
             error,
             plan: Some(plan.outcomes),
             closed,
+            unsure,
         }),
     }
 }
@@ -468,18 +545,39 @@ fn query<'a>(client: &'a Client, stmt: &'a Statement, params: Vec<Param<'a>>) ->
     })
 }
 
+/// Why the last round trip of a batch failed.
+struct Unfinished {
+    error: tokio_postgres::Error,
+    /// The transaction is known to be over (its `COMMIT` was answered, as a rollback).
+    closed: bool,
+    /// The connection was lost while the statements that commit were under way (`COMMIT`,
+    /// or a lone statement): the server may have committed them before the answer was lost.
+    unsure: bool,
+}
+
+impl Unfinished {
+    /// `error` before anything that commits was sent.
+    fn before_commit(error: tokio_postgres::Error) -> Self {
+        Unfinished {
+            error,
+            closed: false,
+            unsure: false,
+        }
+    }
+}
+
 /// Sends `pending` (a `BEGIN` not sent yet, if any) and the statements of `plan`, then
 /// `COMMIT`; returns the durable states whose first row another transaction inserted first.
-/// On an error, also says whether the transaction is known to be over (`COMMIT` answered).
 async fn write_plan<'p, 'a: 'p>(
     client: &'p deadpool_postgres::ClientWrapper,
     sql: &Sql,
     plan: &'p Plan<'a>,
     pending: Vec<Request<'p>>,
-) -> Result<Vec<&'a str>, (tokio_postgres::Error, bool)> {
+    lose_answer: bool,
+) -> Result<Vec<&'a str>, Unfinished> {
     // The final position of every stream whose last accepted event a deletion in the same
     // batch covered is written as a deleted row, so the stream keeps its position.
-    write_rows(client, sql, plan, &plan.covered_ends, pending).await
+    write_rows(client, sql, plan, &plan.covered_ends, pending, lose_answer).await
 }
 
 async fn write_rows<'p, 'a: 'p>(
@@ -488,8 +586,9 @@ async fn write_rows<'p, 'a: 'p>(
     plan: &'p Plan<'a>,
     tombstones: &'p [(&'a str, Position)],
     pending: Vec<Request<'p>>,
-) -> Result<Vec<&'a str>, (tokio_postgres::Error, bool)> {
-    let unclosed = |e| (e, false);
+    lose_answer: bool,
+) -> Result<Vec<&'a str>, Unfinished> {
+    let unclosed = Unfinished::before_commit;
     let delete_events = prepare_if(client, &sql.delete_events, !plan.event_deletes.is_empty());
     // Events of one type and version by one writer (the usual batch) carry them once.
     let uniform = plan.events.windows(2).all(|w| {
@@ -673,12 +772,31 @@ async fn write_rows<'p, 'a: 'p>(
         pending.push(simple(client, "COMMIT"));
     }
     let insert_at = insert_at - usize::from(alone);
+    let commit_at = pending.len() - 1;
+    if lose_answer {
+        // Tests: the server commits, then ends the connection (read below as the answer to
+        // the commit, which is then lost).
+        pending.push(simple(
+            client,
+            "SELECT pg_terminate_backend(pg_backend_pid())",
+        ));
+    }
     let mut answers = pipeline(pending).await;
+    if lose_answer {
+        let ended = answers.pop().expect("an answer per request");
+        answers[commit_at] = Err(ended.expect_err("the server ended the connection"));
+    }
     // After a failed statement the server refuses the rest and `COMMIT` rolls back: report
     // the first error.
     if let Some(i) = answers.iter().position(Result::is_err) {
-        let closed = alone || answers.last().is_some_and(Result::is_ok);
-        return Err((answers.swap_remove(i).expect_err("an error"), closed));
+        let committed = answers[commit_at].is_ok();
+        let error = answers.swap_remove(i).expect_err("an error");
+        return Err(Unfinished {
+            closed: alone || committed,
+            // A rollback answered to `COMMIT` settles it; a lost connection does not.
+            unsure: !committed && connection_lost(&error),
+            error,
+        });
     }
     let mut lost = Vec::new();
     if state_insert.is_some() {
