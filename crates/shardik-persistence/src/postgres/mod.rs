@@ -468,6 +468,7 @@ mod tests {
     /// what broke), and the lane serves on.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_write_whose_commit_answer_was_lost_is_reported_unknown() {
+        use super::writer::{lose_answer_once, LOSE_ANSWER_ID};
         let Some(url) = pg_url() else { return };
         let store = one_lane_store(&url, "lost_answer").await;
         let unknown = |outcome: Result<u64, StoreError>, what: &str| match outcome {
@@ -480,37 +481,36 @@ mod tests {
             }
             other => panic!("{what} answered {other:?}"),
         };
-        // Lost once: the next attempt finds its own event.
+        // A stream whose position the lane reads first: `BEGIN`, the read, the insert and
+        // `COMMIT`, whose answer is lost; the next attempt finds the write's own event.
+        lose_answer_once("read-first");
         let m = unknown(
-            store
-                .append(append(super::writer::LOSE_ANSWER_ONCE_ID, 0))
-                .await,
-            "a write whose answer was lost once",
+            store.append(append("read-first", 0)).await,
+            "a write whose commit went unanswered once",
         );
         assert!(m.contains("concurrency conflict"), "{m}");
         assert_eq!(
-            store
-                .highest_seq_nr(super::writer::LOSE_ANSWER_ONCE_ID)
-                .await,
+            store.highest_seq_nr("read-first").await,
             Ok(1),
-            "the lost commit happened"
+            "the unanswered commit happened"
         );
-        // Lost on every connection the lane tries.
+        // A stream whose position the lane knows: the insert alone, unanswered.
+        assert_eq!(store.append(append("known", 0)).await, Ok(1));
+        lose_answer_once("known");
         unknown(
-            store.append(append(super::writer::LOSE_ANSWER_ID, 0)).await,
-            "a write whose answers were all lost",
+            store.append(append("known", 1)).await,
+            "a lone statement that went unanswered",
         );
-        assert_eq!(
-            store.highest_seq_nr(super::writer::LOSE_ANSWER_ID).await,
-            Ok(1)
+        assert_eq!(store.highest_seq_nr("known").await, Ok(2));
+        // Unanswered on every connection the lane tries.
+        unknown(
+            store.append(append(LOSE_ANSWER_ID, 0)).await,
+            "a write whose commits all went unanswered",
         );
-        // The writer goes on from what is stored, and the lane serves on.
-        assert_eq!(
-            store
-                .append(append(super::writer::LOSE_ANSWER_ONCE_ID, 1))
-                .await,
-            Ok(2)
-        );
+        assert_eq!(store.highest_seq_nr(LOSE_ANSWER_ID).await, Ok(1));
+        // The writers go on from what is stored, and the lane serves on.
+        assert_eq!(store.append(append("read-first", 1)).await, Ok(2));
+        assert_eq!(store.append(append("known", 2)).await, Ok(3));
         assert_eq!(store.append(append("after", 0)).await, Ok(1));
     }
 

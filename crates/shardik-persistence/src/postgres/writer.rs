@@ -231,16 +231,24 @@ async fn write_batch(
 /// with its connection, on every attempt.
 #[cfg(test)]
 pub(super) const LOSE_ANSWER_ID: &str = "lose-the-commit-answer";
-/// Tests: as [`LOSE_ANSWER_ID`], on the first such batch of the process only.
+
+/// Ids whose next batch loses the answer to its commit ([`lose_answer_once`]).
 #[cfg(test)]
-pub(super) const LOSE_ANSWER_ONCE_ID: &str = "lose-the-commit-answer-once";
+static LOSE_ONCE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Tests: the next batch holding a write of `id` commits, then loses the answer to its
+/// commit with its connection.
+#[cfg(test)]
+pub(super) fn lose_answer_once(id: &str) {
+    LOSE_ONCE.lock().unwrap().push(id.to_string());
+}
 
 #[cfg(test)]
 fn lose_answer_on_demand(batch: &[Op]) -> bool {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static LOST_ONCE: AtomicBool = AtomicBool::new(false);
     let holds = |id: &str| batch.iter().any(|op| op.persistence_id() == id);
-    holds(LOSE_ANSWER_ID) || (holds(LOSE_ANSWER_ONCE_ID) && !LOST_ONCE.swap(true, Ordering::SeqCst))
+    let mut once = LOSE_ONCE.lock().unwrap();
+    let armed = once.iter().position(|id| holds(id));
+    armed.map(|at| once.swap_remove(at)).is_some() || holds(LOSE_ANSWER_ID)
 }
 
 #[cfg(not(test))]
@@ -249,7 +257,7 @@ fn lose_answer_on_demand(_: &[Op]) -> bool {
 }
 
 /// Marks the writes that an attempt whose commit may have happened had accepted (all of
-/// them if it failed before checking them).
+/// them if it has no plan, which cannot happen today: only the last round trip commits).
 fn note_maybe_stored(
     maybe_stored: &mut Vec<bool>,
     plan: Option<&[Result<u64, StoreError>]>,
@@ -277,8 +285,8 @@ fn settle(
                 other => other.to_string(),
             };
             Err(StoreError::Backend(format!(
-                "postgres: whether this write was stored is unknown: the connection was lost \
-                 while its batch was committing, and writing it again failed ({then})"
+                "postgres: whether this write was stored is unknown: its batch's commit went \
+                 unanswered (the connection was lost); last error: {then}"
             )))
         }
         outcome => outcome,
@@ -781,6 +789,8 @@ async fn write_rows<'p, 'a: 'p>(
             "SELECT pg_terminate_backend(pg_backend_pid())",
         ));
     }
+    // A connection found closed before anything is sent commits nothing.
+    let sent = !client.is_closed();
     let mut answers = pipeline(pending).await;
     if lose_answer {
         let ended = answers.pop().expect("an answer per request");
@@ -793,8 +803,7 @@ async fn write_rows<'p, 'a: 'p>(
         let error = answers.swap_remove(i).expect_err("an error");
         return Err(Unfinished {
             closed: alone || committed,
-            // A rollback answered to `COMMIT` settles it; a lost connection does not.
-            unsure: !committed && connection_lost(&error),
+            unsure: !committed && sent && commit_unsure(&error, i >= commit_at),
             error,
         });
     }
@@ -809,6 +818,27 @@ async fn write_rows<'p, 'a: 'p>(
             .collect();
     }
     Ok(lost)
+}
+
+/// True if a batch whose first error is `error` may have committed, its commit not having
+/// answered. `at_commit`: the error is the answer to `COMMIT` (or to the lone statement).
+///
+/// A server error before that aborted the transaction, and an ordinary error answered to
+/// the commit rolled it back. A session the server ended while committing (`FATAL`,
+/// `PANIC`), or no answer at all (the connection broke, and answers already on their way
+/// were lost with it), leaves it open.
+fn commit_unsure(error: &tokio_postgres::Error, at_commit: bool) -> bool {
+    use tokio_postgres::error::Severity;
+    match error.as_db_error() {
+        Some(db) => {
+            at_commit
+                && !matches!(
+                    db.parsed_severity(),
+                    Some(Severity::Error | Severity::Warning | Severity::Notice)
+                )
+        }
+        None => true,
+    }
 }
 
 async fn prepare_if(
