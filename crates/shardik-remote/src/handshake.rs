@@ -31,6 +31,7 @@ use crate::error::{FrameError, HandshakeError};
 use crate::frame::{
     Accept, Challenge, Frame, Hello, Lane, NodeIdentity, Reject, RejectReason, Response,
 };
+use crate::node::{clip, shown};
 
 const ROLE_CONNECTOR: &[u8] = b"shardik-remote/v1/connector";
 const ROLE_ACCEPTOR: &[u8] = b"shardik-remote/v1/acceptor";
@@ -163,15 +164,17 @@ fn compatible(
     }
     if cluster != local.cluster {
         let detail = format!(
-            "peer is in cluster {cluster:?}, we are in {:?}",
+            "peer is in cluster {:?}, we are in {:?}",
+            clip(cluster),
             local.cluster
         );
         return Err((RejectReason::Cluster, detail));
     }
     if payload_format != local.payload_format {
         let detail = format!(
-            "peer encodes payloads as {payload_format:?}, we encode them as {:?}; \
+            "peer encodes payloads as {:?}, we encode them as {:?}; \
              every node must use the same RemoteConfig::payload_format",
+            clip(payload_format),
             local.payload_format
         );
         return Err((RejectReason::PayloadFormat, detail));
@@ -238,7 +241,7 @@ where
         Frame::Reject(rj) => {
             return Err(HandshakeError::RefusedByPeer {
                 reason: rj.reason,
-                detail: rj.detail,
+                detail: shown(&rj.detail),
             })
         }
         other => {
@@ -248,6 +251,9 @@ where
     };
     if let Err((reason, detail)) = compatible(local, ch.version, &ch.cluster, &ch.payload_format) {
         return Err(refuse(w, local, reason, detail).await);
+    }
+    if let Some(detail) = is_myself(local, &ch.from) {
+        return Err(refuse(w, local, RejectReason::Protocol, detail).await);
     }
     let transcript = Transcript {
         cluster: &local.cluster,
@@ -260,7 +266,8 @@ where
     if !verify(&local.secret, true, transcript, &ch.proof) {
         let detail = format!(
             "{} ({}) did not prove knowledge of the shared secret",
-            ch.from.node_id, ch.from.addr
+            shown(&ch.from.node_id),
+            shown(&ch.from.addr)
         );
         return Err(refuse(w, local, RejectReason::Authentication, detail).await);
     }
@@ -278,7 +285,7 @@ where
         Frame::Accept(Accept {}) => Ok(ch.from),
         Frame::Reject(rj) => Err(HandshakeError::RefusedByPeer {
             reason: rj.reason,
-            detail: rj.detail,
+            detail: shown(&rj.detail),
         }),
         other => {
             let detail = format!("expected accept, got {}", kind_name(&other));
@@ -330,6 +337,11 @@ where
     {
         return Err(refuse(w, local, reason, detail).await);
     }
+    // Before anything is proven for this transcript: with this node on both ends, a relay
+    // could pass the two halves of one handshake to each other.
+    if let Some(detail) = is_myself(local, &hello.from) {
+        return Err(refuse(w, local, RejectReason::Protocol, detail).await);
+    }
     let nonce_a = nonce();
     let transcript = Transcript {
         cluster: &local.cluster,
@@ -354,7 +366,7 @@ where
         Frame::Reject(rj) => {
             return Err(HandshakeError::RefusedByPeer {
                 reason: rj.reason,
-                detail: rj.detail,
+                detail: shown(&rj.detail),
             })
         }
         other => {
@@ -365,7 +377,8 @@ where
     if !verify(&local.secret, false, transcript, &resp.proof) {
         let detail = format!(
             "{} ({}) did not prove knowledge of the shared secret",
-            hello.from.node_id, hello.from.addr
+            shown(&hello.from.node_id),
+            shown(&hello.from.addr)
         );
         return Err(refuse(w, local, RejectReason::Authentication, detail).await);
     }
@@ -373,7 +386,11 @@ where
         return Err(refuse(w, local, RejectReason::Protocol, detail).await);
     }
     if let Err(reason) = admit(&hello.from, hello.lane) {
-        let detail = format!("not admitting {} ({})", hello.from.node_id, hello.from.addr);
+        let detail = format!(
+            "not admitting {} ({})",
+            shown(&hello.from.node_id),
+            shown(&hello.from.addr)
+        );
         return Err(refuse(w, local, reason, detail).await);
     }
     send(w, &Frame::Accept(Accept {}), local.max_frame_len).await?;
@@ -388,7 +405,26 @@ fn claims_my_address(local: &Local, peer: &NodeIdentity) -> Option<String> {
         format!(
             "{} advertises {}, which is this node's ({}) own address: give every node its \
              own `advertise` address",
-            peer.node_id, peer.addr, local.me.node_id
+            shown(&peer.node_id),
+            shown(&peer.addr),
+            local.me.node_id
+        )
+    })
+}
+
+/// Why `peer` is refused if it is this very node. A node reaches itself without the network
+/// (messages to its own address are handled locally), so a handshake with its own identity
+/// on the other end is either a dial that reached this node's own listener under another
+/// address (a misconfigured seed or peer address) or someone passing this node's own
+/// handshake frames back to it: with the same node on both ends, each side's proof is
+/// exactly what the other side checks, so such a relay needs no secret to be accepted.
+fn is_myself(local: &Local, peer: &NodeIdentity) -> Option<String> {
+    (*peer == local.me).then(|| {
+        format!(
+            "the other end is this node itself ({} at {}): a dial that reached this node's own \
+             listener (list this node under its advertised address, or not at all), or a \
+             replay of its own handshake",
+            local.me.node_id, local.me.addr
         )
     })
 }
@@ -499,8 +535,7 @@ mod tests {
         ));
     }
 
-    /// A node that advertises the other's address is refused whichever side dials; a node
-    /// that reaches itself (same identity) is not.
+    /// A node that advertises the other's address is refused whichever side dials.
     #[tokio::test]
     async fn a_peer_claiming_my_address_is_refused_by_either_side() {
         let mut impostor = Local::for_test("c", "k", b"s");
@@ -517,11 +552,58 @@ mod tests {
         assert_eq!(a.reason(), Some(RejectReason::Protocol));
         assert!(a.to_string().contains("own address"), "{a}");
         assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Protocol));
-        // The same node on both ends is itself, not an impostor.
+    }
+
+    /// A node's own handshake passed back to it (a relay between its dialing and its
+    /// accepting side, which knows no secret, or a dial that reached its own listener) is
+    /// refused by both sides: with one identity on both ends each side's proof would be the
+    /// one the other checks.
+    #[tokio::test]
+    async fn a_node_is_refused_by_itself() {
         let me = Local::for_test("a", "k", b"s");
-        let (c, a) = run(me.clone(), me).await;
-        assert_eq!(c.unwrap().node_id, "a");
-        assert!(a.is_ok());
+        let (c, a) = run(me.clone(), me.clone()).await;
+        let a = a.unwrap_err();
+        assert_eq!(a.reason(), Some(RejectReason::Protocol));
+        assert!(a.to_string().contains("this node itself"), "{a}");
+        assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Protocol));
+        // The dialing side refuses on its own too: an acceptor that answers with this node's
+        // identity and the very proof this node's accepting side would give.
+        let (cs, as_) = tokio::io::duplex(4096);
+        let (cr, mut cw) = tokio::io::split(cs);
+        let (ar, mut aw) = tokio::io::split(as_);
+        let mut cr = FramedRead::new(cr, BodyCodec::default());
+        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        let reflect = async {
+            let body = ar.next().await.unwrap().unwrap();
+            let Frame::Hello(hello) = Frame::decode_body(body).unwrap() else {
+                panic!("the dialer opens with a hello")
+            };
+            let nonce_a = nonce();
+            let transcript = Transcript {
+                cluster: &me.cluster,
+                lane: hello.lane,
+                connector: &hello.from,
+                acceptor: &me.me,
+                nonce_c: &hello.nonce,
+                nonce_a: &nonce_a,
+            };
+            let challenge = Frame::Challenge(Challenge {
+                version: me.version,
+                cluster: me.cluster.clone(),
+                from: me.me.clone(),
+                nonce: nonce_a,
+                proof: proof(&me.secret, true, transcript),
+                payload_format: me.payload_format.clone(),
+            });
+            send(&mut aw, &challenge, me.max_frame_len).await.unwrap();
+            Frame::decode_body(ar.next().await.unwrap().unwrap()).unwrap()
+        };
+        let (c, answer) = tokio::join!(connect(&mut cr, &mut cw, &me, Lane::User, soon()), reflect);
+        assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Protocol));
+        assert!(
+            matches!(answer, Frame::Reject(ref r) if r.reason == RejectReason::Protocol),
+            "refused instead of answering with its own proof: {answer:?}"
+        );
     }
 
     #[tokio::test]

@@ -33,9 +33,24 @@ use crate::stats::{should_log, Counters, RemoteEvent};
 /// Frames a connection reader handles in one go before it looks at cancellation again.
 const READ_BURST: usize = 256;
 
+/// [`clip`]ped, with control characters escaped (`\n`, `\u{1b}`): a string a peer sent,
+/// before the handshake has proven anything, made safe to put in an error, a log line or an
+/// event.
+pub(crate) fn shown(s: &str) -> String {
+    let mut out = String::new();
+    for c in clip(s).chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `s`, or its first 200 bytes (on a character boundary) and a marker if it is longer: for
 /// logging and echoing strings that came from the network.
-fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn clip(s: &str) -> std::borrow::Cow<'_, str> {
     const MAX: usize = 200;
     if s.len() <= MAX {
         return s.into();
@@ -296,12 +311,16 @@ impl Node {
     }
 
     fn handshake_failed(&self, addr: &str, e: &HandshakeError) {
-        self.counters.bump(
+        let n = self.counters.bump(
             &self.counters.handshake_failures,
             "shardik_remote_handshake_failures_total",
         );
         let me = &self.local.me.node_id;
+        // Anyone who can reach the port can fail handshakes: the first ten and every
+        // thousandth are logged (all are counted and published as events).
+        let log = should_log(n);
         match e {
+            _ if !log => {}
             HandshakeError::Refused { reason, detail } if *reason == RejectReason::Duplicate => {
                 tracing::debug!(node = %me, peer_addr = addr, "refused a duplicate connection: {detail}")
             }
@@ -1274,7 +1293,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 
 #[cfg(test)]
 mod tests {
-    use super::clip;
+    use super::{clip, shown};
 
     #[test]
     fn clip_keeps_short_strings_and_cuts_long_ones_on_a_char_boundary() {
@@ -1283,6 +1302,8 @@ mod tests {
         let cut = clip(&long);
         assert!(cut.starts_with(&"é".repeat(100)), "{cut}");
         assert!(cut.ends_with("… (300 bytes)"), "{cut}");
+        assert_eq!(shown("a\nb\u{1b}[31m"), "a\\nb\\u{1b}[31m");
+        assert!(shown(&"x".repeat(70_000)).ends_with("… (70000 bytes)"));
         assert!(cut.len() < 220);
     }
 }

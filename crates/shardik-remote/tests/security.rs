@@ -162,3 +162,40 @@ async fn a_peer_advertising_this_nodes_address_is_refused() {
     let to_a = c.lookup::<Echo>("/user/echo", a.addr());
     assert_eq!(to_a.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
 }
+
+/// A host that knows no secret relays a node's own connection back to it (the node dials
+/// the relay, which dials the node and passes the bytes through): both ends are the node
+/// itself, each side's proof is the one the other checks, and without the refusal of a
+/// peer that is this very node the relay would hold an authenticated connection into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_relayed_back_to_itself_is_refused() {
+    let (sys_a, a) = node("a").await;
+    let _seen = echo(&sys_a, &a);
+    let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_addr = relay.local_addr().unwrap().to_string();
+    let target = a.addr().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = relay.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    let err = a.connect(&relay_addr).await.unwrap_err();
+    match &err {
+        RemoteError::Handshake(HandshakeError::Refused { reason, detail })
+        | RemoteError::Handshake(HandshakeError::RefusedByPeer { reason, detail }) => {
+            assert_eq!(*reason, RejectReason::Protocol);
+            assert!(detail.contains("this node itself"), "{detail}");
+        }
+        other => panic!("unexpected error {other}"),
+    }
+    assert!(a.connection(&relay_addr).is_none());
+    // a keeps serving others.
+    let (_sys_c, c) = node("c").await;
+    let to_a = c.lookup::<Echo>("/user/echo", a.addr());
+    assert_eq!(to_a.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
+}
