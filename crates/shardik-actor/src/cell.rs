@@ -632,7 +632,7 @@ impl<A: Actor> Cell<A> {
         let mut undelivered: Vec<A::Msg> = leftovers
             .into_iter()
             .filter_map(|e| match e {
-                Envelope::User(m) => Some(m),
+                Envelope::User(m) | Envelope::Kept(m) => Some(m),
                 // A `watch_with` notice counts only if its watch still stands.
                 Envelope::Watched(of, m) => watching.iter().any(|(w, _)| *w == of).then_some(m),
                 Envelope::GracefulStop => None,
@@ -893,7 +893,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                     cold(cell.finish(st, &mut ctx, batch, StopReason::Stopped)).await;
                     return;
                 }
-                Envelope::User(msg) => msg,
+                Envelope::User(msg) | Envelope::Kept(msg) => msg,
                 Envelope::Watched(of, msg) => {
                     if !cell.take_watch(of) {
                         continue;

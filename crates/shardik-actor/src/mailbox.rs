@@ -65,6 +65,10 @@ pub enum OverflowPolicy {
 
 pub(crate) enum Envelope<M> {
     User(M),
+    /// A user message accepted past a bounded mailbox's capacity
+    /// ([`push_past_bound`](Mailbox::push_past_bound)): the sender was told it was taken, so
+    /// `DropOldest` never evicts it to make room.
+    Kept(M),
     /// A [`watch_with`](crate::Context::watch_with) notice that the watched actor `.0` has
     /// terminated. Handled like a user message, unless the watch was cancelled meanwhile.
     Watched(ActorId, M),
@@ -257,7 +261,8 @@ impl<M> Mailbox<M> {
         }
         lanes.push_user(match watched {
             Some(of) => Envelope::Watched(of, msg),
-            None => Envelope::User(msg),
+            None if respect_bound => Envelope::User(msg),
+            None => Envelope::Kept(msg),
         });
         // The flag is true while the lane holds anything (only a take that empties the lane,
         // or closing, clears it), so only the first message sets it: a sender flooding an
@@ -414,7 +419,7 @@ mod tests {
         envelopes
             .into_iter()
             .filter_map(|e| match e {
-                Envelope::User(m) | Envelope::Watched(_, m) => Some(m),
+                Envelope::User(m) | Envelope::Kept(m) | Envelope::Watched(_, m) => Some(m),
                 Envelope::GracefulStop => None,
             })
             .collect()
@@ -469,6 +474,31 @@ mod tests {
         });
         assert!(matches!(mb.push(1), Ok(Pushed::First)));
         assert!(matches!(mb.push(2), Err(TellError::MailboxFull(2))));
+    }
+
+    /// Messages taken past the capacity were accepted (a backlog handed to a fresh
+    /// incarnation): `DropOldest` evicts the oldest message sent within the capacity instead,
+    /// and refuses a new one when every queued message was taken that way.
+    #[test]
+    fn drop_oldest_never_evicts_what_was_taken_past_the_bound() {
+        let mb = Mailbox::new(&MailboxConfig::Bounded {
+            capacity: 2,
+            overflow: OverflowPolicy::DropOldest,
+        });
+        for n in 1..=3 {
+            assert!(mb.push_past_bound(n).is_ok());
+        }
+        assert!(matches!(mb.push(4), Err(TellError::MailboxFull(4))));
+        assert_eq!(messages(mb.close()), vec![1, 2, 3]);
+        let mb = Mailbox::new(&MailboxConfig::Bounded {
+            capacity: 2,
+            overflow: OverflowPolicy::DropOldest,
+        });
+        assert!(mb.push_past_bound(1).is_ok());
+        mb.push(2).ok();
+        assert!(mb.push_past_bound(3).is_ok());
+        assert!(matches!(mb.push(4), Ok(Pushed::DroppedOldest(2))));
+        assert_eq!(messages(mb.close()), vec![1, 3, 4]);
     }
 
     #[test]

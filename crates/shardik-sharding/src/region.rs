@@ -283,14 +283,14 @@ impl<A: Actor> LocalRegion<A> {
             Delivery::Delivered => {
                 lru.promote(id);
             }
-            Delivery::Spawned | Delivery::Rejected(TellError::Stopped(_)) => {
+            Delivery::Spawned => {
                 lru.put(EntityId::from(id), ());
                 self.evict_over_cap(&mut lru, victims);
             }
             Delivery::Buffered => {
                 lru.pop(id);
             }
-            Delivery::Rejected(TellError::MailboxFull(_)) => {}
+            Delivery::Rejected(_) => {}
         }
     }
 

@@ -86,8 +86,9 @@ pub enum Delivery<M> {
     Spawned,
     /// The entity is stopping; the message waits for its next incarnation.
     Buffered,
-    /// Not accepted: `MailboxFull` if the entity's buffer or bounded mailbox is full,
-    /// `Stopped` if a fresh incarnation refused it (the system is shutting down).
+    /// Not accepted: `MailboxFull` if the entity's buffer or bounded mailbox is full. (A
+    /// fresh incarnation that refuses the message because it stopped at once buffers it,
+    /// [`Buffered`](Self::Buffered), for the next incarnation.)
     Rejected(TellError<M>),
 }
 
@@ -188,7 +189,17 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
         let Some(slot) = self.entities.get_mut(id) else {
             let key: EntityId = id.into();
             let handle = spawn(&key);
-            let result = tell(&handle, msg);
+            let delivery = match tell(&handle, msg) {
+                Ok(()) => Delivery::Spawned,
+                Err(TellError::Stopped(msg)) => {
+                    // Its first turn may already run on another thread and have stopped it
+                    // (its `started` stopped it, or starting failed): the message waits for
+                    // the incarnation after it, as when a respawn is refused.
+                    self.insert_stopping(Key::new(id), handle, std::iter::once(msg));
+                    return Delivery::Buffered;
+                }
+                Err(e) => Delivery::Rejected(e),
+            };
             self.entities.insert(
                 Key::new(id),
                 Slot::Active {
@@ -197,10 +208,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                 },
             );
             self.active += 1;
-            return match result {
-                Ok(()) => Delivery::Spawned,
-                Err(e) => Delivery::Rejected(e),
-            };
+            return delivery;
         };
         match slot {
             Slot::Active { handle, touched } => match tell(handle, msg) {
@@ -418,17 +426,8 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
                     // thread and stop itself on a message of this very backlog. The rest of
                     // the backlog then waits, in order, for the incarnation after it (it used
                     // to be dropped as dead letters).
-                    let mut buffer = Box::<VecDeque<M>>::default();
-                    buffer.push_back(refused.into_inner());
-                    buffer.extend(messages);
-                    self.entities.insert(
-                        key,
-                        Slot::Stopping {
-                            handle,
-                            buffer,
-                            restart: false,
-                        },
-                    );
+                    let refused = std::iter::once(refused.into_inner());
+                    self.insert_stopping(key, handle, refused.chain(messages));
                     return delivered;
                 }
             }
@@ -442,6 +441,20 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
         );
         self.active += 1;
         delivered
+    }
+
+    /// Tracks `handle`, an incarnation that refused a message because it is stopping, with
+    /// `waiting` (that message first) buffered for the incarnation after it.
+    fn insert_stopping(&mut self, key: Key, handle: H, waiting: impl Iterator<Item = M>) {
+        let buffer = Box::new(waiting.collect::<VecDeque<M>>());
+        self.entities.insert(
+            key,
+            Slot::Stopping {
+                handle,
+                buffer,
+                restart: false,
+            },
+        );
     }
 
     /// Active entities not touched since `cutoff` (coarse time).
@@ -548,6 +561,9 @@ mod tests {
         close_after: Option<usize>,
         /// `bound` of the fakes spawned from now on.
         bound: Option<usize>,
+        /// The fakes spawned from now on are stopped already (their first turn ran elsewhere
+        /// and stopped them).
+        born_stopped: bool,
     }
 
     impl Spawner {
@@ -556,7 +572,7 @@ mod tests {
             let f = Fake {
                 inc: self.next,
                 inbox: Default::default(),
-                closed: Default::default(),
+                closed: std::rc::Rc::new(std::cell::RefCell::new(self.born_stopped)),
                 passivated: Default::default(),
                 stopped_now: Default::default(),
                 close_after: self.close_after,
@@ -618,6 +634,44 @@ mod tests {
             AfterStop::Removed
         );
         assert!(s.is_empty());
+    }
+
+    /// A fresh incarnation that stopped before the message that spawned it reached its
+    /// mailbox (its first turn ran on another thread and stopped it) does not refuse that
+    /// message: it waits, with later ones, for the next incarnation, which gets them in order.
+    #[test]
+    fn a_message_to_an_incarnation_that_stopped_at_once_waits_for_the_next() {
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner {
+            born_stopped: true,
+            ..Spawner::default()
+        };
+        assert_eq!(tell(&mut s, &mut sp, 1), Delivery::Buffered);
+        assert_eq!(tell(&mut s, &mut sp, 2), Delivery::Buffered);
+        assert_eq!(s.active(), 0, "a stopped incarnation is not active");
+        assert_eq!(s.len(), 1);
+        sp.born_stopped = false;
+        assert_eq!(
+            end(&mut s, &mut sp, 1, vec![], false, true),
+            AfterStop::Respawned {
+                delivered: 2,
+                dropped: vec![]
+            }
+        );
+        assert_eq!(*sp.spawned[1].inbox.borrow(), vec![1, 2]);
+        assert_eq!(s.active(), 1);
+        // Without a next incarnation (shutdown) they come back to be recorded as dead letters.
+        sp.born_stopped = true;
+        assert_eq!(s.deliver("b", 3, 0, |_| sp.spawn()), Delivery::Buffered);
+        let ended = Ended {
+            incarnation: 3,
+            undelivered: vec![],
+            failed: false,
+        };
+        assert_eq!(
+            s.terminated("b", ended, false, 0, |_| sp.spawn()),
+            AfterStop::Dropped(vec![3])
+        );
     }
 
     #[test]
