@@ -362,8 +362,22 @@ impl Picture {
             // count them: left out here, they turned that side's majority into a tie this
             // side won, while that side, reading stale flags of this side's members the same
             // way, won too.
+            //
+            // So are ends whose flags on this side's members are all on `Exiting` ones: the
+            // other side may have removed those, and with them the broken link, so there the
+            // end is a member like any other, which it counts (a broken link to the oldest,
+            // leaving member let both sides keep the oldest: the removed one there, the end
+            // left out of the count here).
             let flags = |o: &UniqueAddress, s: &UniqueAddress| {
                 gossip.reachability().is_unreachable_by(o, s)
+            };
+            let links_only_to_exiting = |m: &Member| {
+                let mut here = sides
+                    .reachable
+                    .iter()
+                    .filter(|r| flags(&m.node, &r.node))
+                    .peekable();
+                here.peek().is_some() && here.all(|r| r.status == MemberStatus::Exiting)
             };
             let beyond: Vec<&Member> = if sides.reachable.is_empty() {
                 Vec::new()
@@ -372,7 +386,10 @@ impl Picture {
                     .members()
                     .filter(|m| m.status != MemberStatus::Down && self.cover.contains(&m.node))
                     .filter(|m| sides.reachable.iter().all(|r| flags(&r.node, &m.node)))
-                    .filter(|m| sides.unreachable.iter().any(|u| flags(&m.node, &u.node)))
+                    .filter(|m| {
+                        sides.unreachable.iter().any(|u| flags(&m.node, &u.node))
+                            || links_only_to_exiting(m)
+                    })
                     .collect()
             };
             let kind = decide_kind(&sides, &beyond, config);
