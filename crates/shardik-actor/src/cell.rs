@@ -538,11 +538,19 @@ impl<A: Actor> Cell<A> {
     /// Drops a failed instance before a restart, with the timers it started: their ids died
     /// with it, and the new incarnation's `started` would schedule them a second time.
     fn discard_instance(&self, st: &mut RunState<A>) {
-        st.actor = None;
+        self.drop_instance(st.actor.take());
         if let Some(x) = self.extras.lock().as_mut() {
             for (_, timer) in x.timers.drain() {
                 timer.abort();
             }
+        }
+    }
+
+    /// Drops an instance. A panic in its `Drop` is logged: let out of the turn, it would leave
+    /// the actor scheduled for good without its run state (nothing handled, stops ignored).
+    fn drop_instance(&self, actor: Option<A>) {
+        if let Err(panic) = call_guarded(|| drop(actor)) {
+            tracing::error!(actor = %self.label(), panic = %panic_message(&*panic), "dropping the actor's instance panicked");
         }
     }
 
@@ -672,6 +680,7 @@ impl<A: Actor> Cell<A> {
             let late = self.with_extras(|x| std::mem::take(&mut x.children));
             self.stop_children(late).await;
         }
+        self.drop_instance(st.actor.take());
         drop(st);
 
         let terminated = Terminated {

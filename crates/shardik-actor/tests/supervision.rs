@@ -21,6 +21,17 @@ enum Msg {
     Get(ReplyTo<u64>),
 }
 
+/// What both test actors do with a message.
+fn apply(total: &mut u64, msg: Msg) -> Result<(), ActorError> {
+    match msg {
+        Msg::Add(n) => *total += n,
+        Msg::Fail => return Err("boom".into()),
+        Msg::Panic => panic!("kaboom"),
+        Msg::Get(r) => r.reply(*total),
+    }
+    Ok(())
+}
+
 struct Flaky {
     total: u64,
     incarnation: usize,
@@ -50,13 +61,7 @@ impl Actor for Flaky {
     }
 
     async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
-        match msg {
-            Msg::Add(n) => self.total += n,
-            Msg::Fail => return Err("boom".into()),
-            Msg::Panic => panic!("kaboom"),
-            Msg::Get(r) => r.reply(self.total),
-        }
-        Ok(())
+        apply(&mut self.total, msg)
     }
 
     async fn stopped(&mut self, _ctx: &mut Context<Self>) {
@@ -621,4 +626,50 @@ async fn a_panic_before_the_handlers_future_is_a_failure() {
         other => panic!("expected a failure, got {other:?}"),
     }
     system.shutdown().await;
+}
+
+/// Panics when dropped, like an instance whose `Drop` impl has a bug.
+struct PanicsOnDrop {
+    total: u64,
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("drop of total {} panicked", self.total);
+        }
+    }
+}
+
+impl Actor for PanicsOnDrop {
+    type Msg = Msg;
+
+    async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        apply(&mut self.total, msg)
+    }
+}
+
+/// An instance whose `Drop` panics, discarded for a restart and dropped at the stop, wedges
+/// nothing: the restarted instance handles the next messages, and the actor stops (and the
+/// system shuts down) as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_drop_panics_neither_wedges_a_restart_nor_the_stop() {
+    let system = ActorSystem::new("drop-panics");
+    let actor = system.spawn_props(Props::new(|| PanicsOnDrop { total: 0 }));
+    actor.tell(Msg::Add(5));
+    actor.tell(Msg::Fail);
+    actor.tell(Msg::Add(2));
+    let total = actor.ask(Msg::Get, Duration::from_secs(5)).await;
+    assert_eq!(
+        total,
+        Ok(2),
+        "restarted with fresh state, then handled what followed"
+    );
+    actor.stop();
+    tokio::time::timeout(Duration::from_secs(5), actor.terminated())
+        .await
+        .expect("the actor stops");
+    tokio::time::timeout(Duration::from_secs(5), system.shutdown())
+        .await
+        .expect("the system shuts down");
 }
