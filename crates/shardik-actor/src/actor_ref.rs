@@ -52,7 +52,9 @@ impl<M: Send + 'static> ActorRef<M> {
     /// For owners that hand over messages they already accepted on the actor's behalf and
     /// must not drop, such as a sharding region passing the backlog of a passivated entity to
     /// its next incarnation. The mailbox then holds more than its capacity until the actor
-    /// catches up, and other senders are refused meanwhile. Everyone else should use
+    /// catches up, and other senders are refused meanwhile (under
+    /// [`OverflowPolicy::DropOldest`](crate::OverflowPolicy::DropOldest) a new message evicts
+    /// one sent within the capacity, never one taken past it). Everyone else should use
     /// [`try_tell`](ActorRef::try_tell) or [`send`](ActorRef::send).
     #[inline]
     pub fn try_tell_past_bound(&self, msg: M) -> Result<(), TellError<M>> {

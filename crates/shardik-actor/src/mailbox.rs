@@ -59,7 +59,10 @@ pub enum OverflowPolicy {
     /// Reject the new message (the default).
     #[default]
     DropNewest,
-    /// Accept the new message and drop the oldest one still waiting.
+    /// Accept the new message and drop the oldest one still waiting that was sent within the
+    /// capacity. Termination notices and messages taken past the bound
+    /// ([`ActorRef::try_tell_past_bound`](crate::ActorRef::try_tell_past_bound)) are never
+    /// dropped; if only such messages wait, the new one is refused as with `DropNewest`.
     DropOldest,
 }
 

@@ -9,13 +9,16 @@
 //! ```
 //!
 //! `proof_x = HMAC-SHA256(secret, role_x | cluster | lane | connector id | acceptor id |
-//! nonce_c | nonce_a)` with a different role label per side, so a proof can never be reflected
-//! back, and both fresh nonces, so it can never be replayed. Both connections of a node pair
-//! (the control and the user [`Lane`]) run the same handshake; the lane is part of the proofs.
-//! Nodes whose payload formats differ refuse each other like nodes of different clusters. The secret itself is never sent. Each side
-//! checks the other's proof in constant time. Either side refuses with [`Reject`] and a
-//! reason, logs it at `error` (`warn` for a duplicate connection) and closes; no user frame is
-//! read before [`Accept`].
+//! nonce_c | nonce_a)` with a different role label per side, so a proof cannot be reflected
+//! back to another node, and both fresh nonces, so it can never be replayed. With one node on
+//! both ends the two roles' transcripts are the same node's, so each side refuses a peer with
+//! its own identity before anything is proven (a relay could otherwise pass a node's own
+//! handshake back to it). Both connections of a node pair (the control and the user [`Lane`])
+//! run the same handshake; the lane is part of the proofs. Nodes whose payload formats differ
+//! refuse each other like nodes of different clusters. The secret itself is never sent. Each
+//! side checks the other's proof in constant time. Either side refuses with [`Reject`] and a
+//! reason and closes (the node logs it, rate-limited per kind of failure, and publishes it as
+//! an event); no user frame is read before [`Accept`].
 //!
 //! Without a configured secret both sides use an empty key: the exchange then only checks
 //! versions and cluster names and authenticates nothing.

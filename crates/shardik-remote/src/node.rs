@@ -104,6 +104,8 @@ pub(crate) struct Node {
     closed: AtomicBool,
     pub(crate) tasks: TaskTracker,
     handshake_slots: HandshakeSlots,
+    /// Failed handshakes per kind, for rate-limited logging.
+    handshake_failure_kinds: Mutex<HashMap<&'static str, u64>>,
     next_conn: AtomicU64,
     me: Weak<Node>,
 }
@@ -124,6 +126,7 @@ impl Node {
             closed: AtomicBool::new(false),
             tasks: TaskTracker::new(),
             handshake_slots: HandshakeSlots::new(),
+            handshake_failure_kinds: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             me: me.clone(),
         })
@@ -311,14 +314,27 @@ impl Node {
     }
 
     fn handshake_failed(&self, addr: &str, e: &HandshakeError) {
-        let n = self.counters.bump(
+        self.counters.bump(
             &self.counters.handshake_failures,
             "shardik_remote_handshake_failures_total",
         );
         let me = &self.local.me.node_id;
-        // Anyone who can reach the port can fail handshakes: the first ten and every
-        // thousandth are logged (all are counted and published as events).
-        let log = should_log(n);
+        // Anyone who can reach the port can fail handshakes: of each kind of failure the
+        // first ten and every thousandth are logged (all are counted and published as
+        // events), so a flood of one kind neither fills the log nor hides another kind.
+        let kind = match e {
+            HandshakeError::Refused { reason, .. }
+            | HandshakeError::RefusedByPeer { reason, .. } => reason.as_str(),
+            HandshakeError::Tls(_) => "tls",
+            HandshakeError::Timeout => "timeout",
+            _ => "other",
+        };
+        let log = {
+            let mut seen = self.handshake_failure_kinds.lock();
+            let count = seen.entry(kind).or_insert(0);
+            *count += 1;
+            should_log(*count)
+        };
         match e {
             _ if !log => {}
             HandshakeError::Refused { reason, detail } if *reason == RejectReason::Duplicate => {
@@ -344,13 +360,22 @@ impl Node {
                 peer_addr = addr,
                 "TLS handshake failed, connection refused: {e}"
             ),
-            other => tracing::warn!(node = %me, peer_addr = addr, "handshake failed: {other}"),
+            other => {
+                // May quote what the peer sent (a malformed frame's decoding error).
+                let other = shown(&other.to_string());
+                tracing::warn!(node = %me, peer_addr = addr, "handshake failed: {other}")
+            }
         }
+        let error = match e {
+            // Their details are made of checked parts and clipped peer strings.
+            HandshakeError::Refused { .. } | HandshakeError::RefusedByPeer { .. } => e.to_string(),
+            other => shown(&other.to_string()),
+        };
         self.event(RemoteEvent::HandshakeFailed {
             addr: addr.to_string(),
             reason: e.reason(),
             by_us: matches!(e, HandshakeError::Refused { .. }),
-            error: e.to_string(),
+            error,
         });
     }
 
