@@ -363,21 +363,14 @@ impl Picture {
             // side won, while that side, reading stale flags of this side's members the same
             // way, won too.
             //
-            // So are ends whose flags on this side's members are all on `Exiting` ones: the
-            // other side may have removed those, and with them the broken link, so there the
-            // end is a member like any other, which it counts (a broken link to the oldest,
-            // leaving member let both sides keep the oldest: the removed one there, the end
-            // left out of the count here).
+            // So are ends with a flag on an `Exiting` member of this side: the other side may
+            // have removed that member, and the link with it, so that there the end is a
+            // member like any other (or the other end of its remaining links), which it
+            // counts (2026-11-29: a side holding the oldest, `Exiting`, and a link from it to
+            // the next oldest kept itself, while the other side, which had removed the
+            // oldest, kept the next oldest).
             let flags = |o: &UniqueAddress, s: &UniqueAddress| {
                 gossip.reachability().is_unreachable_by(o, s)
-            };
-            let links_only_to_exiting = |m: &Member| {
-                let mut here = sides
-                    .reachable
-                    .iter()
-                    .filter(|r| flags(&m.node, &r.node))
-                    .peekable();
-                here.peek().is_some() && here.all(|r| r.status == MemberStatus::Exiting)
             };
             let beyond: Vec<&Member> = if sides.reachable.is_empty() {
                 Vec::new()
@@ -388,7 +381,9 @@ impl Picture {
                     .filter(|m| sides.reachable.iter().all(|r| flags(&r.node, &m.node)))
                     .filter(|m| {
                         sides.unreachable.iter().any(|u| flags(&m.node, &u.node))
-                            || links_only_to_exiting(m)
+                            || sides.reachable.iter().any(|r| {
+                                r.status == MemberStatus::Exiting && flags(&m.node, &r.node)
+                            })
                     })
                     .collect()
             };

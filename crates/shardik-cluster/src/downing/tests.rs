@@ -254,6 +254,59 @@ fn a_partition_across_a_broken_link_with_an_exiting_end_lets_one_side_go_on() {
     assert!(goes_on(&l, &[1]), "n1 wins the tie on its count: {l:?}");
 }
 
+/// A variant of the split-safety property's history that its generator does not make (one
+/// broken pair only): an end with links to an `Exiting` member and to another member; one
+/// side has removed the `Exiting` one. At most one side goes on.
+#[test]
+fn a_partition_across_broken_links_to_an_exiting_member_lets_at_most_one_side_go_on() {
+    let strategies = [
+        Strategy::KeepMajority,
+        Strategy::KeepOldest {
+            down_if_alone: false,
+        },
+        Strategy::KeepOldest {
+            down_if_alone: true,
+        },
+        Strategy::StaticQuorum { quorum_size: 3 },
+    ];
+    let goes_on = |g: &Gossip, side: &[u8], c: &DowningConfig| {
+        let d = decide_on(g, side[0], c);
+        d.kind == DecisionKind::DownUnreachable && side.iter().any(|i| !d.down.contains(&n(*i)))
+    };
+    let linked = |g: &mut Gossip, pairs: &[(u8, u8)]| {
+        for (a, b) in pairs {
+            g.reachability_mut().unreachable(&n(*a), &n(*b));
+            g.reachability_mut().unreachable(&n(*b), &n(*a));
+        }
+        g.touch(&n(0));
+        for m in g.members().map(|m| m.node.clone()).collect::<Vec<_>>() {
+            g.mark_seen(&m);
+        }
+    };
+    // n1 is Exiting; n0 has broken links to n1 and to n2; one side has removed n1.
+    let mut base = cluster(5);
+    base.set_status(&n(1), MemberStatus::Leaving).unwrap();
+    base.set_status(&n(1), MemberStatus::Exiting).unwrap();
+    linked(&mut base, &[(0, 1), (0, 2)]);
+    let mut removed = base.clone();
+    removed.set_status(&n(1), MemberStatus::Removed).unwrap();
+    let cases: [(&[u8], &[u8]); 2] = [(&[0, 4], &[1, 2, 3]), (&[0, 3, 4], &[1, 2])];
+    for (a, b) in cases {
+        let b_here: Vec<u8> = b.iter().copied().filter(|i| *i != 1).collect();
+        let a_view = split(&removed, a, &b_here);
+        let b_view = split(&base, b, a);
+        for c in strategies.clone().map(cfg) {
+            assert!(
+                !(goes_on(&a_view, a, &c) && goes_on(&b_view, b, &c)),
+                "{:?}, {a:?} | {b:?}: both go on: {:?} / {:?}",
+                c.strategy,
+                decide_on(&a_view, a[0], &c),
+                decide_on(&b_view, b[0], &c)
+            );
+        }
+    }
+}
+
 /// A flaky link (both ends flag each other, nobody else flags anyone) costs one of its ends
 /// and nothing else, whatever the strategy, also with an `Exiting` member or a one-way cut
 /// beside it: only a partition is weighed by the strategy.
