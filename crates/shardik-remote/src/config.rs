@@ -39,8 +39,9 @@ pub struct RemoteConfig {
     /// anyone who can reach the port can send messages to registered actors. An empty
     /// secret is refused at start (it would authenticate nothing either, silently).
     pub secret: Option<Arc<[u8]>>,
-    /// Largest frame body accepted or sent, in bytes (default 4 MiB). A larger incoming
-    /// length prefix closes the connection; a larger outgoing message is refused at the sender.
+    /// Largest frame body accepted or sent, in bytes (default 4 MiB; from 1 KiB to
+    /// `u32::MAX`, checked at start). A larger incoming length prefix closes the connection;
+    /// a larger outgoing message is refused at the sender.
     pub max_frame_len: usize,
     /// Capacity of the user lane toward one peer, in frames (default 100 000). When full, new
     /// messages are dropped (drop newest) and recorded as dead letters.
@@ -194,6 +195,14 @@ impl RemoteConfig {
         }
         if self.max_frame_len < 1024 {
             return Err("max_frame_len must be at least 1024 bytes".into());
+        }
+        if self.max_frame_len > u32::MAX as usize {
+            // A longer body's length would be cut to 32 bits on the wire, and the peer would
+            // read the rest of it as frames.
+            return Err(format!(
+                "max_frame_len must be at most {} bytes: frame lengths are 32-bit",
+                u32::MAX
+            ));
         }
         if self.outbound_queue == 0 || self.control_queue == 0 || self.write_batch_frames == 0 {
             return Err("queue capacities and write_batch_frames must be positive".into());

@@ -110,6 +110,11 @@ async fn misconfigurations_are_refused_at_start() {
     };
     refused(config("a").secret(Vec::new()), "secret").await;
     refused(
+        config("a").max_frame_len(u32::MAX as usize + 1),
+        "max_frame_len must be at most",
+    )
+    .await;
+    refused(
         config("a").handshake_timeout(Duration::ZERO),
         "handshake_timeout",
     )
