@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardik_actor::{Actor, ActorError, ActorSystem, Context, ReplyTo};
+use shardik_actor::{Actor, ActorError, ActorRef, ActorSystem, Context, ReplyTo};
 
 enum Msg {
     Add(u64),
@@ -48,6 +48,26 @@ fn summer() -> (Summer, Arc<AtomicU64>) {
         handled: handled.clone(),
     };
     (actor, handled)
+}
+
+/// A system with a started [`Summer`], the runtime's metrics, and the number of tasks the
+/// system itself keeps (its dispatcher and ask ticker, started here), not counting any actor.
+async fn started_summer() -> (
+    ActorSystem,
+    ActorRef<Msg>,
+    tokio::runtime::RuntimeMetrics,
+    usize,
+) {
+    let system = ActorSystem::new("linger");
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let actor = system.spawn(summer().0);
+    tokio::task::yield_now().await;
+    // Start the system's ask ticker (a future pending at its first poll enlists with it).
+    let _ = system
+        .timeout(Duration::from_secs(60), tokio::task::yield_now())
+        .await;
+    let base = metrics.num_alive_tasks();
+    (system, actor, metrics, base)
 }
 
 /// Senders on all workers, with pauses around the linger window so that the actor keeps
@@ -93,17 +113,7 @@ async fn no_message_is_lost_across_park_and_idle_transitions() {
 /// so a quiet actor costs no task. Time is paused: the window passes without real waiting.
 #[tokio::test(start_paused = true)]
 async fn a_quiet_actor_gives_its_task_up() {
-    let system = ActorSystem::new("linger");
-    let metrics = tokio::runtime::Handle::current().metrics();
-    let (actor, _) = summer();
-    let actor = system.spawn(actor);
-    tokio::task::yield_now().await;
-    // Start the system's ask ticker (a future pending at its first poll enlists with it).
-    let _ = system
-        .timeout(Duration::from_secs(60), tokio::task::yield_now())
-        .await;
-    // The system's own tasks (its dispatcher and ask ticker), not counting any actor.
-    let base = metrics.num_alive_tasks();
+    let (system, actor, metrics, base) = started_summer().await;
     // Two asks back to back: the second turn ends right after the first, so the actor is hot.
     for _ in 0..2 {
         actor.ask(Msg::Total, Duration::from_secs(1)).await.unwrap();
@@ -126,6 +136,32 @@ async fn a_quiet_actor_gives_its_task_up() {
         actor.ask(Msg::Total, Duration::from_secs(1)).await.unwrap(),
         5
     );
+    system.shutdown().await;
+}
+
+/// An actor that hears something about once per linger window (every few hundred
+/// microseconds: a hot key among many) does not linger: a window would mostly pass without
+/// work, and each such window costs a task, a timer and its expiry. Time is paused.
+#[tokio::test(start_paused = true)]
+async fn an_actor_messaged_every_few_hundred_microseconds_does_not_linger() {
+    let (system, actor, metrics, base) = started_summer().await;
+    for i in 0..5 {
+        // Paused time stands still otherwise: the start's turn ended "just now".
+        tokio::time::advance(Duration::from_micros(400)).await;
+        actor.ask(Msg::Total, Duration::from_secs(1)).await.unwrap();
+        tokio::task::yield_now().await;
+        assert_eq!(
+            metrics.num_alive_tasks(),
+            base,
+            "ask {i}: an actor messaged every 400 us keeps no task"
+        );
+    }
+    // Back to back, it lingers again.
+    for _ in 0..2 {
+        actor.ask(Msg::Total, Duration::from_secs(1)).await.unwrap();
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(metrics.num_alive_tasks(), base + 1, "the hot actor lingers");
     system.shutdown().await;
 }
 
