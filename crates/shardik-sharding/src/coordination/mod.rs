@@ -49,7 +49,9 @@
 //!    the shard, and everyone is sent `ShardHome(owner)`). A missing `ShardStopped` only makes the
 //!    coordinator send `HandOff` again (regions answer it idempotently): a shard is never given
 //!    to another region before its owner reported it stopped or was reported down, so there are
-//!    never two owners. A missing fence makes the owner stop after `fence_timeout_ms`. Regions
+//!    never two owners. A fence is sent again every `retry_interval_ms` while its sender does not
+//!    know the shard's next home (a broken connection loses it); with `fence_timeout_ms` the
+//!    owner also stops once a fence is that late. Regions
 //!    retry `Register` and `GetShardHome` every `retry_interval_ms`.
 //! 4. **Failover.** [`Coordinator::recover`] starts from the replicated state with a higher
 //!    epoch and persists it first. Regions re-register ([`RegionInput::CoordinatorChanged`]) and

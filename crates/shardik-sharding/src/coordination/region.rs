@@ -185,6 +185,10 @@ pub struct RegionCoordStats {
     pub forced_stops: u64,
     /// `GetShardHome` requests sent.
     pub home_requests: u64,
+    /// Fences sent again because the shard's new home was still unknown a retry interval
+    /// after the fence (see [`RegionState`]'s hand-off notes: a fence lost with a broken
+    /// connection would otherwise leave the owner waiting for it).
+    pub fences_resent: u64,
     /// `Register` messages sent.
     pub register_attempts: u64,
 }
@@ -205,6 +209,14 @@ enum OwnerPhase {
         /// The home learnt while stopping: `Some(self)` means host again afterwards.
         next_home: Option<RegionId>,
     },
+}
+
+/// A fence this region sent to the cached home of a shard whose hand-off began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SentFence {
+    id: HandOffId,
+    to: RegionId,
+    last_sent: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -261,6 +273,9 @@ pub struct RegionState<M> {
     accepted: HashMap<ShardId, (usize, usize)>,
     /// Fences received per shard for the newest hand-off id seen.
     fences: HashMap<ShardId, (HandOffId, BTreeSet<RegionId>)>,
+    /// Fences this region sent, per shard, until it learns the shard's next home: sent again
+    /// every retry interval meanwhile (see `on_tick`).
+    sent_fences: HashMap<ShardId, SentFence>,
     /// The hand-off id each shard was last stopped for (to answer a repeated `HandOff`).
     stopped_for: HashMap<ShardId, HandOffId>,
     /// The fencing token of the newest allocation of each shard to this region.
@@ -285,6 +300,7 @@ impl<M> RegionState<M> {
             buffers: HashMap::new(),
             accepted: HashMap::new(),
             fences: HashMap::new(),
+            sent_fences: HashMap::new(),
             stopped_for: HashMap::new(),
             tokens: HashMap::new(),
             leave_complete: false,
@@ -804,6 +820,10 @@ impl<M> RegionState<M> {
 
     fn on_begin_handoff(&mut self, id: HandOffId, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
         let mut fenced = None;
+        // A fence of an earlier hand-off of this shard is stale now.
+        if self.sent_fences.get(&shard).is_some_and(|f| f.id < id) {
+            self.sent_fences.remove(&shard);
+        }
         match self.slots.get(&shard).cloned() {
             Some(Slot::Local) => {
                 self.slots.insert(
@@ -830,6 +850,14 @@ impl<M> RegionState<M> {
                     to: r.clone(),
                     msg: PeerMsg::Fence { id, shard },
                 });
+                self.sent_fences.insert(
+                    shard,
+                    SentFence {
+                        id,
+                        to: r.clone(),
+                        last_sent: self.now,
+                    },
+                );
                 fenced = Some(r);
                 // The coordinator broadcasts the new home; ask only after the retry interval.
                 self.slots.insert(
@@ -1033,6 +1061,8 @@ impl<M> RegionState<M> {
     }
 
     fn on_region_down(&mut self, r: RegionId, out: &mut Vec<RegionAction<M>>) {
+        // The coordinator leaves a region that is down out of the fences a hand-off waits for.
+        self.sent_fences.retain(|_, f| f.to != r);
         let shards: Vec<ShardId> = self.slots.keys().copied().collect();
         for shard in shards {
             match self.slots.get_mut(&shard) {
@@ -1059,6 +1089,43 @@ impl<M> RegionState<M> {
         }
     }
 
+    /// Sends again every fence whose shard's next home is still unknown here a retry interval
+    /// after it was last sent, and forgets those whose home is known.
+    ///
+    /// A fence goes on the user lane, which is at most once: a connection that breaks after
+    /// the fence left the queue loses it, without anyone being downed, and the owner would
+    /// wait for it (the coordinator only repeats `HandOff`, which does not reach this region)
+    /// until a coordinator failover or this region's downing. Sending it again keeps the
+    /// order the fence stands for: since the first fence this region forwards nothing to the
+    /// old home for that shard (it buffers until the next home is known), so a later copy
+    /// still follows every message it forwarded there before, and the owner counts copies
+    /// once (per hand-off id) and ignores those of an older hand-off.
+    fn resend_fences(&mut self, out: &mut Vec<RegionAction<M>>) {
+        let now = self.now;
+        let retry = self.config.retry_interval_ms;
+        let slots = &self.slots;
+        self.sent_fences
+            .retain(|shard, _| matches!(slots.get(shard), Some(Slot::Unknown { .. })));
+        let mut due: Vec<ShardId> = self
+            .sent_fences
+            .iter()
+            .filter(|(_, f)| now.saturating_sub(f.last_sent) >= retry)
+            .map(|(s, _)| *s)
+            .collect();
+        due.sort_unstable();
+        for shard in due {
+            let Some(f) = self.sent_fences.get_mut(&shard) else {
+                continue;
+            };
+            f.last_sent = now;
+            self.stats.fences_resent += 1;
+            out.push(RegionAction::ToPeer {
+                to: f.to.clone(),
+                msg: PeerMsg::Fence { id: f.id, shard },
+            });
+        }
+    }
+
     fn on_tick(&mut self, out: &mut Vec<RegionAction<M>>) {
         let now = self.now;
         let retry = self.config.retry_interval_ms;
@@ -1072,11 +1139,15 @@ impl<M> RegionState<M> {
         {
             self.register(out);
         }
+        self.resend_fences(out);
         let mut shards: Vec<ShardId> = self.slots.keys().copied().collect();
         shards.sort_unstable();
         for shard in shards {
             let registered = self.registered;
-            let waiting = self.buffers.contains_key(&shard);
+            // A region with a fence out asks for the home too: the answer ends the fence's
+            // re-sending, whether or not messages wait for it.
+            let waiting =
+                self.buffers.contains_key(&shard) || self.sent_fences.contains_key(&shard);
             let Some(slot) = self.slots.get_mut(&shard) else {
                 continue;
             };

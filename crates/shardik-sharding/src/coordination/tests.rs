@@ -1116,6 +1116,87 @@ fn begin_hand_off_fences_the_cached_home_and_buffers() {
     assert!(matches!(&out[..], [RegionAction::ToPeer { to, .. }] if *to == r("c")));
 }
 
+/// The fence of region `a` to owner `b` is lost with a broken connection (the user lane is
+/// at most once) and nobody is downed: `a` sends it again every retry interval while shard
+/// 1's next home is unknown to it, the copy ends `b`'s wait, and once `a` learns the next
+/// home it sends no more (found by an audit on 2026-11-29: the owner waited for good).
+#[test]
+fn a_lost_fence_is_sent_again_until_the_next_home_is_known() {
+    // The retry interval of `region`.
+    let retry = 100;
+    let fence = |to: &str| RegionAction::<u32>::ToPeer {
+        to: r(to),
+        msg: PeerMsg::Fence { id: H, shard: 1 },
+    };
+    let mut a = registered("a", &[(1, "b")]);
+    let mut b = registered("b", &[(1, "b")]);
+    let first = from_coord(&mut a, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    assert_eq!(first[0], fence("b"));
+    // The first fence never reaches `b`, which waits for it.
+    let out = hand_off(&mut b, vec![r("a")]);
+    assert!(out.is_empty(), "the owner waits for a's fence: {out:?}");
+    let mut out = Vec::new();
+    a.handle(retry - 1, RegionInput::Tick, &mut out);
+    assert!(out.is_empty(), "not before the retry interval: {out:?}");
+    a.handle(retry, RegionInput::Tick, &mut out);
+    assert_eq!(
+        out,
+        vec![
+            fence("b"),
+            RegionAction::ToCoordinator(ToCoordinator::GetShardHome { epoch: 1, shard: 1 }),
+        ],
+        "the fence again, and a request for the next home"
+    );
+    assert_eq!(a.stats().fences_resent, 1);
+    // The copy ends the owner's wait; a second copy changes nothing.
+    let mut out = Vec::new();
+    fence_from(&mut b, "a", &mut out);
+    assert_eq!(out, vec![RegionAction::StopShard(1)]);
+    let mut out = Vec::new();
+    fence_from(&mut b, "a", &mut out);
+    assert!(out.is_empty(), "a duplicate fence is counted once: {out:?}");
+    // Once `a` knows the next home it stops sending.
+    shard_1_home(&mut a, 2 * retry, "c");
+    let mut out = Vec::new();
+    a.handle(10 * retry, RegionInput::Tick, &mut out);
+    assert!(out.is_empty(), "no fence once the home is known: {out:?}");
+    assert_eq!(a.stats().fences_resent, 1);
+}
+
+/// A fence to a region reported down, or one of an earlier hand-off, is not sent again.
+#[test]
+fn a_fence_to_a_downed_region_or_of_an_earlier_hand_off_is_not_sent_again() {
+    // The retry interval of `region`.
+    let retry = 100;
+    let mut a = registered("a", &[(1, "b")]);
+    from_coord(&mut a, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    let mut out = Vec::new();
+    a.handle(0, RegionInput::RegionDown(r("b")), &mut out);
+    a.handle(retry, RegionInput::Tick, &mut out);
+    assert!(
+        !out.iter().any(|x| matches!(x, RegionAction::ToPeer { .. })),
+        "no fence to a downed region: {out:?}"
+    );
+    let mut a = registered("a", &[(1, "b")]);
+    from_coord(&mut a, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
+    let later = HandOffId { epoch: 1, seq: 8 };
+    from_coord(
+        &mut a,
+        1,
+        ToRegion::BeginHandOff {
+            id: later,
+            shard: 1,
+        },
+    );
+    let mut out = Vec::new();
+    a.handle(retry, RegionInput::Tick, &mut out);
+    assert!(
+        !out.iter().any(|x| matches!(x, RegionAction::ToPeer { .. })),
+        "no fence of an earlier hand-off: {out:?}"
+    );
+    assert_eq!(a.stats().fences_resent, 0);
+}
+
 #[test]
 fn owner_waits_for_fences_then_stops_with_forced_timeout() {
     let mut reg = registered("a", &[(1, "a")]);
