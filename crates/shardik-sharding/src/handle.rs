@@ -172,7 +172,12 @@ impl<M: Send + 'static> Region<M> {
         };
         match answer {
             Some(Ok(value)) => Ok(value),
-            Some(Err(_)) => Err(AskError::NoReply),
+            // Dropped unanswered: by a region the coordinator refused meanwhile (the message
+            // waited for a home when the refusal came), which says why.
+            Some(Err(_)) => Err(self
+                .core
+                .refusal()
+                .map_or(AskError::NoReply, AskError::Undeliverable)),
             None => {
                 metrics::counter!("shardik_ask_timeouts_total", "via" => "region").increment(1);
                 Err(AskError::Timeout(timeout))

@@ -94,6 +94,17 @@ async fn shard_count_mismatch_is_refused() {
     let n0 = start_node("n0", None, 12, &reg).await;
     let seed = n0.id().address.clone();
     let n1 = start_node("n1", Some(&seed), 13, &reg).await;
+    // Asked before n1's region has an answer from the coordinator: the message waits in the
+    // region's buffer until the refusal, which fails it (it used to wait there for good, and
+    // the ask ran out its timeout).
+    let early = tokio::spawn({
+        let region = n1.region.clone();
+        async move {
+            region
+                .ask("y", Msg::Get, std::time::Duration::from_secs(60))
+                .await
+        }
+    });
     let nodes = vec![n0, n1];
     all_up(&nodes).await;
     let wait = std::time::Duration::from_secs(20);
@@ -134,6 +145,12 @@ async fn shard_count_mismatch_is_refused() {
             assert!(why.contains("shard count mismatch"), "{why}")
         }
         other => panic!("expected Undeliverable, got {other:?}"),
+    }
+    match early.await.unwrap() {
+        Err(shardik_actor::AskError::Undeliverable(why)) => {
+            assert!(why.contains("shard count mismatch"), "{why}")
+        }
+        other => panic!("expected the early ask Undeliverable, got {other:?}"),
     }
     // n0 still works, and hosts everything.
     assert_eq!(where_is(&nodes[0], "x").await, "n0");

@@ -665,7 +665,15 @@ impl<M> RegionState<M> {
                     return;
                 }
                 self.refused = Some(error.clone());
-                out.push(RegionAction::Refused(error));
+                out.push(RegionAction::Refused(error.clone()));
+                // What waited for a home (sent before the answer came) fails like what is
+                // sent from now on, instead of waiting in the buffers for good.
+                for envelope in self.take_buffered() {
+                    out.push(RegionAction::Rejected(Rejected {
+                        error: SendError::Refused(error.clone()),
+                        envelope,
+                    }));
+                }
             }
             ToRegion::StaleEpoch { epoch } => {
                 if epoch > self.epoch && self.refused.is_none() {

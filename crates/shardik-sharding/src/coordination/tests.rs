@@ -1197,6 +1197,46 @@ fn a_fence_to_a_downed_region_or_of_an_earlier_hand_off_is_not_sent_again() {
     assert_eq!(a.stats().fences_resent, 0);
 }
 
+/// Messages sent before the coordinator's refusal came, buffered while the region waited to
+/// register, are handed back as refused at the refusal like those sent after it, in order
+/// (they used to wait in the buffers until the node stopped; found by an audit, 2026-11-29).
+#[test]
+fn messages_buffered_before_a_refusal_are_refused_with_it() {
+    let mut reg = region("a");
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
+    for n in 0..2 {
+        reg.send(0, env("x", 1, n), &mut out).unwrap();
+    }
+    assert_eq!(reg.buffered(), 2);
+    let error = RegisterError::ShardCountMismatch {
+        coordinator: 12,
+        region: 8,
+    };
+    let out = from_coord(
+        &mut reg,
+        1,
+        ToRegion::RegisterRefused {
+            epoch: 1,
+            error: error.clone(),
+            attempt: 1,
+        },
+    );
+    let rejected: Vec<u32> = out
+        .iter()
+        .filter_map(|a| match a {
+            RegionAction::Rejected(Rejected {
+                error: SendError::Refused(e),
+                envelope,
+            }) if *e == error => Some(envelope.payload),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(out[0], RegionAction::Refused(error));
+    assert_eq!(rejected, vec![0, 1], "both handed back, in order: {out:?}");
+    assert_eq!(reg.buffered(), 0);
+}
+
 #[test]
 fn owner_waits_for_fences_then_stops_with_forced_timeout() {
     let mut reg = registered("a", &[(1, "a")]);
