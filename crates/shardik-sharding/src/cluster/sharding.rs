@@ -545,15 +545,23 @@ impl ClusterSharding {
             .map(|(name, t)| (name.clone(), t.clone()))
             .collect();
         // Every type asks at once (a slow one does not hold the others back), again every
-        // 500 ms until its coordinator answers (it may be starting or moving).
+        // 500 ms until its coordinator answers (it may be starting or moving). A type is
+        // pending until its coordinator said the leave is complete and it owns no shard: a
+        // coordinator that moved after saying so starts without knowing this node leaves
+        // (until the node is `Leaving`, which comes after), and may give it shards again.
+        // So while any type is pending every type asks again, those done included, and one
+        // that was given a shard meanwhile hands it off before the node leaves (found by an
+        // audit on 2026-11-29: such a shard left with the node, without a hand-off).
         let request = || {
             let pending: Vec<&Arc<dyn StartedType>> = types
                 .iter()
                 .map(|(_, t)| t)
-                .filter(|t| !*t.leave_complete().borrow())
+                .filter(|t| !*t.leave_complete().borrow() || !t.owned_shards().is_empty())
                 .collect();
-            for t in &pending {
-                t.request_leave();
+            if !pending.is_empty() {
+                for (_, t) in &types {
+                    t.request_leave();
+                }
             }
             pending.first().map(|t| t.leave_complete())
         };
