@@ -156,7 +156,19 @@ pub struct CoordinatorStats {
     /// Decisions of the [`AllocationStrategy`] refused (a region that may not receive shards,
     /// an invalid rebalance move); allocations fell back to [`LeastShards`].
     pub allocation_rejected: u64,
+    /// `StaleEpoch` calls sent to regions of the state that had not re-registered with this
+    /// epoch (see [`REREGISTER_CALL_MS`]).
+    pub reregister_calls: u64,
 }
+
+/// How often a recovered coordinator tells the regions of its state that have not registered
+/// with its epoch yet that their epoch is stale ([`ToRegion::StaleEpoch`]), which makes them
+/// register again. Hand-offs wait until every region has; a region learns of a new
+/// coordinator when the coordinator's node changes, but not when the same node recovers again
+/// with a newer epoch (after a newer coordinator elsewhere fenced it), and a region that sends
+/// nothing (every home cached, nothing buffered) would never hear a `StaleEpoch` answer either:
+/// rebalancing and leaves stalled until each such region happened to ask for a home.
+pub const REREGISTER_CALL_MS: u64 = 1_000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Phase {
@@ -232,6 +244,8 @@ pub struct Coordinator {
     /// Wall-clock microseconds, for fencing tokens ([`set_wall_clock`](Self::set_wall_clock)).
     wall_us: u64,
     last_rebalance: Option<u64>,
+    /// When regions not yet registered with this epoch were last called ([`REREGISTER_CALL_MS`]).
+    last_reregister_call: Option<u64>,
     stats: CoordinatorStats,
 }
 
@@ -304,6 +318,7 @@ impl Coordinator {
             now: 0,
             wall_us: 0,
             last_rebalance: None,
+            last_reregister_call: None,
             stats: CoordinatorStats::default(),
         };
         let mut out = Vec::new();
@@ -894,6 +909,33 @@ impl Coordinator {
         self.epoch_durable() && self.all_registered()
     }
 
+    /// Tells the regions of the state that have not registered with this epoch (and are not
+    /// gone) that their epoch is stale, every [`REREGISTER_CALL_MS`].
+    fn call_unregistered(&mut self, out: &mut Vec<Action>) {
+        if self.all_registered()
+            || self
+                .last_reregister_call
+                .is_some_and(|t| self.now.saturating_sub(t) < REREGISTER_CALL_MS)
+        {
+            return;
+        }
+        self.last_reregister_call = Some(self.now);
+        let silent: Vec<RegionId> = self
+            .working
+            .regions
+            .keys()
+            .filter(|r| !self.live.contains(*r) && !self.gone.contains(*r))
+            .cloned()
+            .collect();
+        for to in silent {
+            self.stats.reregister_calls += 1;
+            out.push(Action::Send {
+                to,
+                msg: ToRegion::StaleEpoch { epoch: self.epoch },
+            });
+        }
+    }
+
     fn drive_leaving(&mut self, out: &mut Vec<Action>) {
         if !self.can_hand_off() {
             return;
@@ -1062,6 +1104,7 @@ impl Coordinator {
         if !self.epoch_durable() {
             return;
         }
+        self.call_unregistered(out);
         self.drive_leaving(out);
         // Remembered shards without a home (after a takeover or a down without a region).
         if self.config.remember_shards && self.all_registered() {

@@ -54,8 +54,9 @@
 //!    owner also stops once a fence is that late. Regions
 //!    retry `Register` and `GetShardHome` every `retry_interval_ms`.
 //! 4. **Failover.** [`Coordinator::recover`] starts from the replicated state with a higher
-//!    epoch and persists it first. Regions re-register ([`RegionInput::CoordinatorChanged`]) and
-//!    receive every durable home; messages of the old epoch are refused on both sides. Hand-offs
+//!    epoch and persists it first. Regions re-register ([`RegionInput::CoordinatorChanged`], or
+//!    the coordinator's [`ToRegion::StaleEpoch`] call every [`REREGISTER_CALL_MS`] to those that
+//!    have not) and receive every durable home; messages of the old epoch are refused on both sides. Hand-offs
 //!    wait until every region of the state has re-registered or been reported down.
 //!
 //! ## Guarantees (given the IO contract in `docs/semantics.md`)
@@ -96,6 +97,7 @@ mod state;
 pub use allocation::{AllocationStrategy, AllocationView, LeastShards, LocalFirst};
 pub use coordinator::{
     Action, Coordinator, CoordinatorConfig, CoordinatorStats, HandOffInfo, Input, RecoverError,
+    REREGISTER_CALL_MS,
 };
 pub use protocol::{
     epoch_round, next_epoch, Envelope, Epoch, FencingToken, HandOffId, PeerMsg, RegionId,

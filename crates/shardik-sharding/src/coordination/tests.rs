@@ -796,6 +796,64 @@ fn recovery_bumps_the_epoch_and_waits_for_regions_before_hand_offs() {
     assert_eq!(n.handoffs().count(), 2);
 }
 
+/// A recovered coordinator calls the regions of its state that have not registered with its
+/// epoch, every `REREGISTER_CALL_MS` until they have: a region that sends nothing (every home
+/// cached) would otherwise keep the old epoch, and hand-offs wait for it (a coordinator that
+/// recovers again on the same node changes no region's view of where it runs). Found by an
+/// audit on 2026-11-29.
+#[test]
+fn a_recovered_coordinator_calls_the_regions_that_have_not_registered_again() {
+    let mut c = coordinator(4, &["a", "b"]);
+    allocate(&mut c, 0..4);
+    let (mut n, first) = Coordinator::recover(cfg(4), c.state().clone(), 2).unwrap();
+    let mut out = Vec::new();
+    n.handle(0, Input::Tick, &mut out);
+    assert!(
+        sends(&out).is_empty(),
+        "not before the epoch is durable: {out:?}"
+    );
+    n.handle(
+        0,
+        Input::Persisted(first.len() as u64 + c.state().version),
+        &mut out,
+    );
+    let stale = ToRegion::StaleEpoch { epoch: 2 };
+    let mut out = Vec::new();
+    n.handle(10, Input::Tick, &mut out);
+    assert_eq!(
+        sends(&out),
+        vec![(r("a"), stale.clone()), (r("b"), stale.clone())]
+    );
+    register(&mut n, "a");
+    let mut out = Vec::new();
+    n.handle(500, Input::Tick, &mut out);
+    assert!(
+        sends(&out).is_empty(),
+        "not again within the interval: {out:?}"
+    );
+    n.handle(10 + REREGISTER_CALL_MS, Input::Tick, &mut out);
+    assert_eq!(
+        sends(&out),
+        vec![(r("b"), stale.clone())],
+        "only b is silent"
+    );
+    register(&mut n, "b");
+    let mut out = Vec::new();
+    n.handle(10 * REREGISTER_CALL_MS, Input::Tick, &mut out);
+    assert!(sends(&out).is_empty(), "everyone registered: {out:?}");
+    assert_eq!(n.stats().reregister_calls, 3);
+    // A region of the old epoch answers the call by registering again.
+    let mut reg = registered("a", &[(1, "a")]);
+    let out = from_coord(&mut reg, 0, stale);
+    assert!(
+        matches!(
+            &out[..],
+            [RegionAction::ToCoordinator(ToCoordinator::Register { .. })]
+        ),
+        "{out:?}"
+    );
+}
+
 // ---- region -------------------------------------------------------------------------------------
 
 type Acts = Vec<RegionAction<u32>>;
