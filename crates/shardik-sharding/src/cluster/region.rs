@@ -512,6 +512,11 @@ where
         };
         let mut out = std::mem::take(&mut g.out);
         g.state.handle(now, input, &mut out);
+        if registration && g.state.refused().is_some() {
+            // Published before the actions run: they drop the messages that waited for a
+            // home, and an asker woken by that reads the refusal to say why.
+            self.publish_registration(g);
+        }
         self.execute(g, &mut out);
         g.out = out;
         self.drop_refused(g);
@@ -596,8 +601,20 @@ where
                                     ..
                                 },
                             ) => {
-                                tracing::warn!(entity_type = %self.type_name, region = %to, "fence not sent (the peer's queue is full): sent again on the next tick");
-                                g.unsent_fences.push((to.clone(), fence));
+                                // The state machine sends a fence again while the shard's
+                                // next home is unknown: one copy waiting here is enough.
+                                let which = |m: &PeerMsg<M>| match m {
+                                    PeerMsg::Fence { id, shard } => Some((*id, *shard)),
+                                    PeerMsg::Deliver(_) => None,
+                                };
+                                let waiting = g
+                                    .unsent_fences
+                                    .iter()
+                                    .any(|(t, f)| *t == to && which(&f.msg) == which(&fence.msg));
+                                if !waiting {
+                                    tracing::warn!(entity_type = %self.type_name, region = %to, "fence not sent (the peer's queue is full): sent again on the next tick");
+                                    g.unsent_fences.push((to.clone(), fence));
+                                }
                             }
                             _ => self.system().record_dead_letter(
                                 &format_args!("{}{}", region_addr(&to), peer_path(&self.type_name)),

@@ -573,7 +573,9 @@ impl ClusterSharding {
         let mut not_handed_off = BTreeMap::new();
         if tokio::time::timeout(handoff_timeout, all).await.is_err() {
             for (name, t) in &types {
-                if !*t.leave_complete().borrow() {
+                // As in `request`: done only if complete and owning no shard (a coordinator
+                // that moved may have given a type that was done shards again).
+                if !*t.leave_complete().borrow() || !t.owned_shards().is_empty() {
                     // Every shard not handed off, also those whose entities a fence already
                     // stopped (`hosted_shards` then lists only those still stopping).
                     let shards = t.owned_shards();

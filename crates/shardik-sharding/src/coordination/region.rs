@@ -217,7 +217,16 @@ struct SentFence {
     id: HandOffId,
     to: RegionId,
     last_sent: u64,
+    /// Copies sent after the first.
+    resent: u32,
 }
+
+/// How many times a fence is sent again at most (every retry interval, so for about 20 s by
+/// default). A hand-off that takes longer is one whose entities stop slowly, which has
+/// nothing to do with the fence; a connection that loses every copy for that long is one the
+/// failure detector deals with; and a hand-off that ended without a next home (no region may
+/// host the shard) announces none, so without a bound its fence would go on for good.
+pub const MAX_FENCE_RESENDS: u32 = 10;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slot {
@@ -864,6 +873,7 @@ impl<M> RegionState<M> {
                         id,
                         to: r.clone(),
                         last_sent: self.now,
+                        resent: 0,
                     },
                 );
                 fenced = Some(r);
@@ -1098,7 +1108,8 @@ impl<M> RegionState<M> {
     }
 
     /// Sends again every fence whose shard's next home is still unknown here a retry interval
-    /// after it was last sent, and forgets those whose home is known.
+    /// after it was last sent, up to [`MAX_FENCE_RESENDS`] times, and forgets those whose home
+    /// is known (the coordinator broadcasts it when the hand-off ends).
     ///
     /// A fence goes on the user lane, which is at most once: a connection that breaks after
     /// the fence left the queue loses it, without anyone being downed, and the owner would
@@ -1112,8 +1123,12 @@ impl<M> RegionState<M> {
         let now = self.now;
         let retry = self.config.retry_interval_ms;
         let slots = &self.slots;
-        self.sent_fences
-            .retain(|shard, _| matches!(slots.get(shard), Some(Slot::Unknown { .. })));
+        let refused = self.refused.is_some();
+        self.sent_fences.retain(|shard, f| {
+            !refused
+                && f.resent < MAX_FENCE_RESENDS
+                && matches!(slots.get(shard), Some(Slot::Unknown { .. }))
+        });
         let mut due: Vec<ShardId> = self
             .sent_fences
             .iter()
@@ -1126,6 +1141,7 @@ impl<M> RegionState<M> {
                 continue;
             };
             f.last_sent = now;
+            f.resent += 1;
             self.stats.fences_resent += 1;
             out.push(RegionAction::ToPeer {
                 to: f.to.clone(),
@@ -1152,10 +1168,7 @@ impl<M> RegionState<M> {
         shards.sort_unstable();
         for shard in shards {
             let registered = self.registered;
-            // A region with a fence out asks for the home too: the answer ends the fence's
-            // re-sending, whether or not messages wait for it.
-            let waiting =
-                self.buffers.contains_key(&shard) || self.sent_fences.contains_key(&shard);
+            let waiting = self.buffers.contains_key(&shard);
             let Some(slot) = self.slots.get_mut(&shard) else {
                 continue;
             };
