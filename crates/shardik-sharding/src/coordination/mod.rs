@@ -50,8 +50,8 @@
 //!    coordinator send `HandOff` again (regions answer it idempotently): a shard is never given
 //!    to another region before its owner reported it stopped or was reported down, so there are
 //!    never two owners. A fence is sent again every `retry_interval_ms` while its sender does not
-//!    know the shard's next home (a broken connection loses it), at most
-//!    [`MAX_FENCE_RESENDS`] times; with `fence_timeout_ms` the
+//!    know the shard's next home (a broken connection loses it), for up to
+//!    [`FENCE_RESEND_WINDOW_MS`]; with `fence_timeout_ms` the
 //!    owner also stops once a fence is that late. Regions
 //!    retry `Register` and `GetShardHome` every `retry_interval_ms`.
 //! 4. **Failover.** [`Coordinator::recover`] starts from the replicated state with a higher
@@ -107,7 +107,7 @@ pub use protocol::{
 pub use rebalance::{plan_rebalance, round_limit, Move};
 pub use region::{
     RegionAction, RegionConfig, RegionCoordStats, RegionInput, RegionState, Rejected, SendError,
-    ShardView, MAX_FENCE_RESENDS,
+    ShardView, FENCE_RESEND_WINDOW_MS,
 };
 pub use state::{ApplyError, Change, CoordinatorState, RegionInfo, StateUpdate};
 

@@ -217,16 +217,15 @@ struct SentFence {
     id: HandOffId,
     to: RegionId,
     last_sent: u64,
-    /// Copies sent after the first.
-    resent: u32,
+    /// When the first copy went.
+    first_sent: u64,
 }
 
-/// How many times a fence is sent again at most (every retry interval, so for about 20 s by
-/// default). A hand-off that takes longer is one whose entities stop slowly, which has
-/// nothing to do with the fence; a connection that loses every copy for that long is one the
-/// failure detector deals with; and a hand-off that ended without a next home (no region may
-/// host the shard) announces none, so without a bound its fence would go on for good.
-pub const MAX_FENCE_RESENDS: u32 = 10;
+/// How long after the first copy a fence is still sent again (every retry interval). A
+/// hand-off that ended without a next home (no region may host the shard) announces none, so
+/// without a bound its fence would go on for good; a connection that loses every copy for a
+/// minute without its node being downed is not one to wait for.
+pub const FENCE_RESEND_WINDOW_MS: u64 = 60_000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slot {
@@ -873,7 +872,7 @@ impl<M> RegionState<M> {
                         id,
                         to: r.clone(),
                         last_sent: self.now,
-                        resent: 0,
+                        first_sent: self.now,
                     },
                 );
                 fenced = Some(r);
@@ -1108,8 +1107,8 @@ impl<M> RegionState<M> {
     }
 
     /// Sends again every fence whose shard's next home is still unknown here a retry interval
-    /// after it was last sent, up to [`MAX_FENCE_RESENDS`] times, and forgets those whose home
-    /// is known (the coordinator broadcasts it when the hand-off ends).
+    /// after it was last sent, for up to [`FENCE_RESEND_WINDOW_MS`], and forgets those whose
+    /// home is known (the coordinator broadcasts it when the hand-off ends).
     ///
     /// A fence goes on the user lane, which is at most once: a connection that breaks after
     /// the fence left the queue loses it, without anyone being downed, and the owner would
@@ -1126,7 +1125,7 @@ impl<M> RegionState<M> {
         let refused = self.refused.is_some();
         self.sent_fences.retain(|shard, f| {
             !refused
-                && f.resent < MAX_FENCE_RESENDS
+                && now.saturating_sub(f.first_sent) < FENCE_RESEND_WINDOW_MS
                 && matches!(slots.get(shard), Some(Slot::Unknown { .. }))
         });
         let mut due: Vec<ShardId> = self
@@ -1141,7 +1140,6 @@ impl<M> RegionState<M> {
                 continue;
             };
             f.last_sent = now;
-            f.resent += 1;
             self.stats.fences_resent += 1;
             out.push(RegionAction::ToPeer {
                 to: f.to.clone(),

@@ -1214,24 +1214,27 @@ fn a_lost_fence_is_sent_again_until_the_next_home_is_known() {
     assert_eq!(a.stats().fences_resent, 1);
 }
 
-/// A fence is sent again at most `MAX_FENCE_RESENDS` times (a hand-off that ends without a
-/// next home announces none).
+/// A fence is sent again for at most `FENCE_RESEND_WINDOW_MS` after the first copy (a
+/// hand-off that ends without a next home announces none).
 #[test]
-fn a_fence_is_sent_again_a_bounded_number_of_times() {
+fn a_fence_is_sent_again_for_a_bounded_time() {
     // The retry interval of `region`.
     let retry = 100;
     let mut a = registered("a", &[(1, "b")]);
     from_coord(&mut a, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
     let mut out = Vec::new();
-    for i in 1..=u64::from(MAX_FENCE_RESENDS) + 5 {
-        a.handle(i * retry, RegionInput::Tick, &mut out);
+    let mut t = 0;
+    while t < 2 * FENCE_RESEND_WINDOW_MS {
+        t += retry;
+        a.handle(t, RegionInput::Tick, &mut out);
     }
     let fences = out
         .iter()
         .filter(|x| matches!(x, RegionAction::ToPeer { .. }))
-        .count();
-    assert_eq!(fences, MAX_FENCE_RESENDS as usize);
-    assert_eq!(a.stats().fences_resent, u64::from(MAX_FENCE_RESENDS));
+        .count() as u64;
+    // One every retry interval within the window, none after it.
+    assert_eq!(fences, FENCE_RESEND_WINDOW_MS / retry - 1);
+    assert_eq!(a.stats().fences_resent, fences);
 }
 
 /// A fence to a region reported down, or one of an earlier hand-off, is not sent again.
