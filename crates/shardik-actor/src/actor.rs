@@ -126,6 +126,9 @@ pub struct Termination<M> {
     pub reason: StopReason,
     /// User messages that were accepted into its mailbox but never handled, in arrival order.
     pub undelivered: Vec<M>,
+    /// Whether it handled at least one user message (with any of its instances, across
+    /// restarts). False for an actor that stopped in its `started` hook, say.
+    pub handled_any: bool,
 }
 
 impl<M> fmt::Debug for Termination<M> {
@@ -135,6 +138,7 @@ impl<M> fmt::Debug for Termination<M> {
             .field("name", &self.name)
             .field("reason", &self.reason)
             .field("undelivered", &self.undelivered.len())
+            .field("handled_any", &self.handled_any)
             .finish()
     }
 }

@@ -115,6 +115,8 @@ pub(crate) struct RunState<A: Actor> {
     factory: Option<Factory<A>>,
     restarts: RestartWindow,
     started: bool,
+    /// Whether a user message was handed to an instance (see [`Termination::handled_any`]).
+    handled_any: bool,
     /// When the last turn that handled messages ended: decides whether the actor is hot.
     last_turn_end: Option<tokio::time::Instant>,
 }
@@ -168,6 +170,7 @@ impl<A: Actor> Cell<A> {
             factory: props.factory,
             restarts: RestartWindow::default(),
             started: false,
+            handled_any: false,
             last_turn_end: None,
         });
         *cell.run.lock() = Some(state);
@@ -690,6 +693,7 @@ impl<A: Actor> Cell<A> {
             self.stop_children(late).await;
         }
         self.drop_instance(st.actor.take());
+        let handled_any = st.handled_any;
         drop(st);
 
         let terminated = Terminated {
@@ -714,6 +718,7 @@ impl<A: Actor> Cell<A> {
                     name: self.name.clone(),
                     reason,
                     undelivered,
+                    handled_any,
                 };
                 // A panicking hook must not leave the actor half-terminated (its watchers and
                 // a system shutdown would wait forever); what it was handed is lost with it.
@@ -923,6 +928,7 @@ async fn run<A: Actor>(cell: Arc<Cell<A>>) {
                 debug_assert!(false, "no instance while running");
                 continue;
             };
+            st.handled_any = true;
             if let Err(error) = guarded(|| actor.handle(msg, &mut ctx)).await {
                 let failed = cell.after_failure(&mut st, &mut ctx, error, false);
                 if let Some(reason) = cold(failed).await {

@@ -178,13 +178,19 @@ async fn the_termination_hook_runs_once_even_with_nothing_undelivered() {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let sink = calls.clone();
     let (w, _probe) = worker();
-    let actor = system.spawn_props(
-        Props::from_instance(w)
-            .on_termination(move |t: Termination<WorkMsg>| sink.lock().push(t.undelivered.len())),
-    );
+    let hook =
+        move |t: Termination<WorkMsg>| sink.lock().push((t.undelivered.len(), t.handled_any));
+    let actor = system.spawn_props(Props::from_instance(w).on_termination(hook.clone()));
     actor.tell(WorkMsg::Item(1));
     actor.graceful_stop();
     actor.terminated().await;
-    assert_eq!(*calls.lock(), vec![0]);
+    assert_eq!(*calls.lock(), vec![(0, true)], "it handled its message");
+    // One stopped before it handled anything says so (sharding gives up on an entity whose
+    // incarnations all end that way while messages wait).
+    let (w, _probe) = worker();
+    let idle = system.spawn_props(Props::from_instance(w).on_termination(hook));
+    idle.graceful_stop();
+    idle.terminated().await;
+    assert_eq!(*calls.lock(), vec![(0, true), (0, false)]);
     system.shutdown().await;
 }

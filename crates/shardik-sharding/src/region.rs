@@ -18,7 +18,9 @@ use shardik_actor::{
 use crate::coordination::FencingToken;
 use crate::entity::{EntityFactory, EntityType};
 use crate::hash::{ShardFn, ShardId};
-use crate::shard::{AfterStop, Delivery, Ended, EntityHandle, EntityId, ShardState};
+use crate::shard::{
+    AfterStop, Delivery, Ended, EntityHandle, EntityId, ShardState, MAX_STARTS_WITHOUT_PROGRESS,
+};
 use crate::stats::RegionStats;
 
 /// The type-erased face of a region, behind [`Region`](crate::Region).
@@ -322,6 +324,7 @@ impl<A: Actor> LocalRegion<A> {
             incarnation: t.id.as_u64(),
             undelivered: t.undelivered,
             failed: matches!(t.reason, StopReason::Failed(_)),
+            handled_any: t.handled_any,
         };
         let mut victims = Vec::new();
         let mut respawn = !self.system.is_shutting_down();
@@ -363,7 +366,7 @@ impl<A: Actor> LocalRegion<A> {
                     AfterStop::Respawned { .. } => {
                         lru.pop(&*id);
                     }
-                    AfterStop::Removed | AfterStop::Dropped(_) => {
+                    AfterStop::Removed | AfterStop::Dropped(_) | AfterStop::GaveUp(_) => {
                         lru.pop(&*id);
                     }
                     AfterStop::Stale => {}
@@ -372,11 +375,22 @@ impl<A: Actor> LocalRegion<A> {
             (after, unhandled, handing, counted)
         };
         self.passivate_victims(victims);
+        let gave_up = matches!(after, AfterStop::GaveUp(_));
         let dropped = match after {
-            AfterStop::Dropped(msgs) => msgs,
+            AfterStop::Dropped(msgs) | AfterStop::GaveUp(msgs) => msgs,
             AfterStop::Respawned { dropped, .. } => dropped,
             AfterStop::Removed | AfterStop::Stale => Vec::new(),
         };
+        if gave_up {
+            tracing::warn!(
+                entity_type = %self.type_name,
+                entity = %id,
+                messages = dropped.len(),
+                "entity stopped {MAX_STARTS_WITHOUT_PROGRESS} times in a row without handling \
+                 a message (does its `started` hook stop it?); the messages waiting for it \
+                 are dead letters, and the next one starts it again"
+            );
+        }
         let dropped = match unhandled {
             // Handed on before the shard can be reported stopped (`handing_on`).
             // The same decision as the count above (shutdown may start in between).
@@ -388,14 +402,18 @@ impl<A: Actor> LocalRegion<A> {
             _ => dropped,
         };
         self.check_stopping(shard);
+        let reason = if gave_up {
+            "entity kept stopping without handling a message"
+        } else if respawn {
+            "entity failed with messages queued"
+        } else {
+            "entity stopped by shutdown with messages queued"
+        };
         for msg in dropped {
-            drop(msg);
-            let reason = if respawn {
-                "entity failed with messages queued"
-            } else {
-                "entity stopped by shutdown with messages queued"
-            };
+            // Counted before the message goes: dropping it fails an ask waiting on its reply,
+            // and whoever that wakes sees the dead letter already.
             self.dead_letter(&id, reason);
+            drop(msg);
         }
     }
 

@@ -101,7 +101,16 @@ pub struct Ended<M> {
     pub undelivered: Vec<M>,
     /// True if it stopped because it kept failing (its supervisor gave up).
     pub failed: bool,
+    /// Whether it handled any message ([`Termination::handled_any`](shardik_actor::Termination::handled_any)).
+    pub handled_any: bool,
 }
+
+/// How many incarnations in a row may stop without handling a message while messages wait
+/// for them before those messages are given up as dead letters
+/// ([`AfterStop::GaveUp`]). An entity that stops itself in its `started` hook every time
+/// (a bug, or a condition that never clears) would otherwise be started again for its
+/// waiting messages forever, at full speed, and never get to them.
+pub const MAX_STARTS_WITHOUT_PROGRESS: u32 = 10;
 
 /// What a termination notice led to.
 #[derive(Debug, PartialEq, Eq)]
@@ -120,6 +129,10 @@ pub enum AfterStop<M> {
     /// The messages could not be handed on (the incarnation failed for good, or the
     /// system is shutting down); the caller records them as dead letters.
     Dropped(Vec<M>),
+    /// [`MAX_STARTS_WITHOUT_PROGRESS`] incarnations in a row stopped without handling a
+    /// message while these waited for them: no new one is started for them, and the caller
+    /// records them as dead letters. The next message starts a new incarnation.
+    GaveUp(Vec<M>),
     /// The notice was about an incarnation this shard no longer tracks; ignored.
     Stale,
 }
@@ -129,6 +142,9 @@ pub struct ShardState<M, H> {
     entities: HashMap<Key, Slot<M, H>, IdHasher>,
     buffer_limit: usize,
     active: usize,
+    /// Per entity id: incarnations in a row that stopped without handling a message while
+    /// messages waited for them (see [`MAX_STARTS_WITHOUT_PROGRESS`]); empty as a rule.
+    fruitless: HashMap<Key, u32, IdHasher>,
 }
 
 impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
@@ -138,6 +154,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
             entities: HashMap::default(),
             buffer_limit: buffer_limit.max(1),
             active: 0,
+            fruitless: HashMap::default(),
         }
     }
 
@@ -348,6 +365,7 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
             incarnation,
             undelivered,
             failed,
+            handled_any,
         } = ended;
         let matches = match self.entities.get(id) {
             Some(Slot::Active { handle, .. }) => handle.incarnation() == incarnation,
@@ -362,6 +380,12 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
             };
         }
         let (key, slot) = self.entities.remove_entry(id).expect("checked above");
+        // The streak so far; kept below only if this incarnation adds to it.
+        let streak = if self.fruitless.is_empty() {
+            0
+        } else {
+            self.fruitless.remove(id).unwrap_or(0)
+        };
         let (buffer, restart) = match slot {
             Slot::Active { .. } => {
                 self.active -= 1;
@@ -397,6 +421,16 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
             let mut all = undelivered;
             all.extend(buffer);
             return AfterStop::Dropped(all);
+        }
+        if !handled_any && (!undelivered.is_empty() || !buffer.is_empty()) {
+            // Messages waited for it and it handled none (it stopped itself at its start).
+            let streak = streak + 1;
+            if streak >= MAX_STARTS_WITHOUT_PROGRESS {
+                let mut all = undelivered;
+                all.extend(buffer);
+                return AfterStop::GaveUp(all);
+            }
+            self.fruitless.insert(key.clone(), streak);
         }
         let delivered = self.respawn(key, undelivered.into_iter().chain(buffer), now, spawn);
         AfterStop::Respawned {
@@ -601,6 +635,7 @@ mod tests {
             incarnation,
             undelivered,
             failed,
+            handled_any: true,
         };
         s.terminated("a", ended, respawn, 0, |_| sp.spawn())
     }
@@ -628,6 +663,7 @@ mod tests {
             incarnation: 2,
             undelivered: vec![],
             failed: false,
+            handled_any: true,
         };
         assert_eq!(
             s.terminated("b", ended, false, 0, |_| sp.spawn()),
@@ -667,11 +703,62 @@ mod tests {
             incarnation: 3,
             undelivered: vec![],
             failed: false,
+            handled_any: true,
         };
         assert_eq!(
             s.terminated("b", ended, false, 0, |_| sp.spawn()),
             AfterStop::Dropped(vec![3])
         );
+    }
+
+    /// An entity whose incarnations keep stopping without handling a message (its `started`
+    /// stops it) is not started again and again for its waiting messages: after
+    /// `MAX_STARTS_WITHOUT_PROGRESS` such incarnations in a row they are given up, and the
+    /// next message starts it anew. An incarnation that handled something ends the streak.
+    #[test]
+    fn messages_for_an_entity_that_keeps_stopping_before_handling_them_are_given_up() {
+        let fruitless = |inc: u64, undelivered: Vec<u32>, handled_any: bool| Ended {
+            incarnation: inc,
+            undelivered,
+            failed: false,
+            handled_any,
+        };
+        let mut s = ShardState::new(10);
+        let mut sp = Spawner::default();
+        tell(&mut s, &mut sp, 1);
+        tell(&mut s, &mut sp, 2);
+        let max = u64::from(MAX_STARTS_WITHOUT_PROGRESS);
+        for inc in 1..max {
+            let after = s.terminated("a", fruitless(inc, vec![1, 2], false), true, 0, |_| {
+                sp.spawn()
+            });
+            assert!(
+                matches!(after, AfterStop::Respawned { delivered: 2, .. }),
+                "incarnation {inc}: {after:?}"
+            );
+        }
+        // One that handled a message ends the streak: the count starts over.
+        let after = s.terminated("a", fruitless(max, vec![2], true), true, 0, |_| sp.spawn());
+        assert!(matches!(after, AfterStop::Respawned { delivered: 1, .. }));
+        for inc in max + 1..2 * max {
+            let after = s.terminated("a", fruitless(inc, vec![2], false), true, 0, |_| sp.spawn());
+            assert!(
+                matches!(after, AfterStop::Respawned { .. }),
+                "incarnation {inc}: {after:?}"
+            );
+        }
+        // The last of a full streak: given up, with what waited in its buffer too.
+        assert_eq!(tell(&mut s, &mut sp, 3), Delivery::Delivered);
+        assert!(s.passivate("a"));
+        assert_eq!(tell(&mut s, &mut sp, 4), Delivery::Buffered);
+        assert_eq!(
+            s.terminated("a", fruitless(2 * max, vec![2, 3], false), true, 0, |_| {
+                sp.spawn()
+            }),
+            AfterStop::GaveUp(vec![2, 3, 4])
+        );
+        assert!(s.is_empty());
+        assert_eq!(tell(&mut s, &mut sp, 5), Delivery::Spawned, "started anew");
     }
 
     #[test]
@@ -1059,6 +1146,7 @@ mod tests {
             incarnation: sp.spawned[5].inc,
             undelivered: vec![],
             failed: false,
+            handled_any: true,
         };
         let mut names = Vec::new();
         let after = s.terminated(long, ended, true, 3, |key| {

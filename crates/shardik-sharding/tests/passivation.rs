@@ -305,3 +305,101 @@ async fn a_backlog_that_stops_its_own_incarnation_is_carried_over() {
     assert_eq!(probe.violations(), Vec::<String>::new());
     system.shutdown().await;
 }
+
+/// An entity that stops itself in `started` before it handles anything, for its first
+/// `quits` incarnations.
+struct Quitter {
+    starts: Arc<std::sync::atomic::AtomicU32>,
+    quits: u32,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum QuitterMsg {
+    /// Answers how many incarnations were started before this one handled it.
+    Starts(shardik_actor::ReplyTo<u32>),
+}
+
+impl shardik_actor::Actor for Quitter {
+    type Msg = QuitterMsg;
+
+    async fn started(
+        &mut self,
+        ctx: &mut shardik_actor::Context<Self>,
+    ) -> Result<(), shardik_actor::ActorError> {
+        if self.starts.fetch_add(1, Ordering::SeqCst) < self.quits {
+            ctx.stop();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &mut self,
+        msg: QuitterMsg,
+        _ctx: &mut shardik_actor::Context<Self>,
+    ) -> Result<(), shardik_actor::ActorError> {
+        let QuitterMsg::Starts(reply) = msg;
+        reply.reply(self.starts.load(Ordering::SeqCst));
+        Ok(())
+    }
+}
+
+/// A message waits for an entity that stops itself at its start a few times, and the
+/// incarnation that stays handles it; one whose every incarnation stops at its start is not
+/// started forever for its messages: after `MAX_STARTS_WITHOUT_PROGRESS` incarnations in a
+/// row they are dead letters (the ask fails instead of waiting), and the next message starts
+/// it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entity_that_keeps_stopping_at_its_start_gets_its_messages_given_up() {
+    use shardik_sharding::shard::MAX_STARTS_WITHOUT_PROGRESS;
+    let system = ActorSystem::new("quitter");
+    let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let (s, quits) = (starts.clone(), MAX_STARTS_WITHOUT_PROGRESS - 1);
+    let reluctant = system
+        .sharding()
+        .start(shardik_sharding::EntityType::new(
+            "reluctant",
+            move |_: &str| Quitter {
+                starts: s.clone(),
+                quits,
+            },
+        ))
+        .unwrap();
+    let wait = std::time::Duration::from_secs(10);
+    let n = reluctant.ask("r", QuitterMsg::Starts, wait).await.unwrap();
+    assert_eq!(n, MAX_STARTS_WITHOUT_PROGRESS, "the last start handled it");
+
+    let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let s = starts.clone();
+    let quitter = system
+        .sharding()
+        .start(shardik_sharding::EntityType::new(
+            "quitter",
+            move |_: &str| Quitter {
+                starts: s.clone(),
+                quits: u32::MAX,
+            },
+        ))
+        .unwrap();
+    let before = system.dead_letters().total();
+    let err = quitter
+        .ask("q", QuitterMsg::Starts, wait)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, shardik_actor::AskError::NoReply),
+        "given up, not left to time out: {err:?}"
+    );
+    assert_eq!(starts.load(Ordering::SeqCst), MAX_STARTS_WITHOUT_PROGRESS);
+    assert_eq!(system.dead_letters().total(), before + 1);
+    // The next message starts it again, with a fresh count.
+    let err = quitter
+        .ask("q", QuitterMsg::Starts, wait)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, shardik_actor::AskError::NoReply), "{err:?}");
+    assert_eq!(
+        starts.load(Ordering::SeqCst),
+        2 * MAX_STARTS_WITHOUT_PROGRESS
+    );
+    system.shutdown().await;
+}
