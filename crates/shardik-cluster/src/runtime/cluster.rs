@@ -409,7 +409,8 @@ impl Cluster {
     /// `Leaving`, the leader moves it to `Exiting` at convergence, and then this node stops
     /// its cluster layer and remoting (the others remove it). A node that is not a member
     /// yet stops at once. Returns why it stopped (`Left`, or `Downed` if it was downed
-    /// meanwhile).
+    /// meanwhile). With [`stop_system_on_exit`](super::ClusterConfig::stop_system_on_exit),
+    /// do not await it inside a handler of an actor of this node's system (see there).
     pub async fn leave(&self) -> NodeStopReason {
         let _ = self.shared.commands.send(Command::Leave);
         self.stopped_reason().await

@@ -334,6 +334,13 @@ impl ClusterConfig {
     }
 
     /// Also shut the actor system down when this node leaves the cluster.
+    ///
+    /// The node reports itself stopped (what [`Cluster::leave`](super::Cluster::leave) and
+    /// the other waits on the stop return on) only once the system has shut down, and the
+    /// shutdown waits for every actor's current message. So with this set, do not await
+    /// `leave` (or anything else that waits for the node to stop) inside a handler of an
+    /// actor of this system: the two would wait for each other for good. Send the leave to a
+    /// task of its own (`tokio::spawn`) instead.
     pub fn stop_system_on_exit(mut self, yes: bool) -> Self {
         self.stop_system_on_exit = yes;
         self
