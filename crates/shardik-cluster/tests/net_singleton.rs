@@ -411,3 +411,62 @@ async fn a_busy_instance_on_a_leaving_host_never_overlaps_the_next() {
     assert_eq!(log.get(1).map(String::as_str), Some("stop n0"), "{log:?}");
     assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1, "{log:?}");
 }
+
+/// The host is cut off long enough to be fenced (its instance stops) but not downed (a long
+/// `stable_after`), then the cut heals. A message told through a proxy on the other side
+/// while the host was unreachable, and one told through the host's own proxy while it was
+/// fenced, both reach the instance once it runs again: the proxies wait for the host's next
+/// announcement instead of sending to an instance that does not run (found by an audit on
+/// 2026-11-29: the first went out as soon as the host was reachable again, before its fence
+/// lifted, the second at once, and both were lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_around_a_fenced_host_reach_its_instance_when_it_runs_again() {
+    let faults = shardik_remote::FaultInjector::new();
+    let (nodes, _) = cluster_with(3, |i| {
+        config(&format!("n{i}"))
+            .faults(faults.clone())
+            .stable_after(Duration::from_secs(60))
+    })
+    .await;
+    let witness = Arc::new(Witness::default());
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| start_singleton(&n.cluster, &witness))
+        .collect();
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let (p0, p1) = (singletons[0].proxy(), singletons[1].proxy());
+    let n0 = nodes[0].id().clone();
+    let knows = p1.wait_host(|h| h == Some(&n0));
+    within("n1's proxy knows the host", 5, knows).await;
+    for other in ["n1", "n2"] {
+        faults.cut_both("n0", other);
+    }
+    wait(
+        &nodes[0].cluster,
+        "n0 fenced",
+        Duration::from_secs(10),
+        |s| s.fenced,
+    )
+    .await;
+    within("n0's instance stops", 5, singletons[0].wait_hosting(false)).await;
+    wait(
+        &nodes[1].cluster,
+        "n1 sees n0 unreachable",
+        Duration::from_secs(10),
+        |s| s.unreachable.contains(&n0),
+    )
+    .await;
+    p1.tell(Msg::Add(1)).unwrap();
+    p0.tell(Msg::Add(2)).unwrap();
+    faults.heal_all();
+    within("n0 hosts again", 20, singletons[0].wait_hosting(true)).await;
+    let (host, got) = within("the instance answers", 10, async {
+        p1.ask(Msg::Get, Duration::from_secs(5)).await
+    })
+    .await
+    .expect("the instance answers");
+    assert_eq!(host, "n0");
+    assert_eq!(got, vec![2, 1], "both reached the instance, n0's own first");
+    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
+    stop_all(&nodes).await;
+}

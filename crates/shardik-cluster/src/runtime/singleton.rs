@@ -69,9 +69,11 @@
 //! node's view until the next host announces itself) messages are **buffered** in order, up
 //! to [`buffer_size`](SingletonSettings::buffer_size), and sent when the new host is known; a
 //! message that finds the buffer full is refused with [`SingletonError::BufferFull`]. While
-//! the host is unreachable from this node, messages are buffered too, and sent when it is
-//! reachable again or when the next host announces itself after it was downed. Delivery is
-//! at most once: a message sent to the old host just before it stopped or crashed is lost.
+//! the host is unreachable from this node, or after it said it stopped its instance because
+//! it is fenced (`Paused`), messages are buffered too, and sent once it is reachable and has
+//! announced itself again (it does while its instance runs: after a fence, once the instance
+//! runs again), or when the next host announces itself after it was downed. Delivery is at
+//! most once: a message sent to the old host just before it stopped or crashed is lost.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
@@ -277,6 +279,9 @@ enum WireMsg {
     Hosting(UniqueAddress),
     /// The sender runs no instance (any more).
     HandedOver(UniqueAddress),
+    /// The sender stopped its instance because it is fenced, and is still the host: wait for
+    /// its next `Hosting`.
+    Paused(UniqueAddress),
 }
 
 enum Target<M> {
@@ -295,6 +300,10 @@ impl<M: Serialize + Send + 'static> Target<M> {
 
 struct ProxyState<M> {
     host: Option<(UniqueAddress, Target<M>)>,
+    /// The host was unreachable from here, or told that it stopped its instance for a fence,
+    /// and has not announced itself since: messages wait for its next `Hosting` (sent when
+    /// its instance runs again) rather than going to an instance that may not run yet.
+    stale: bool,
     buffer: VecDeque<M>,
     stopped: bool,
 }
@@ -319,8 +328,26 @@ impl<M: Serialize + Send + 'static> Shared<M> {
             target.tell(m);
         }
         p.host = Some((node.clone(), target));
+        p.stale = false;
         drop(p);
         self.host_tx.send_replace(Some(node));
+    }
+
+    /// `node`, the host, announced itself again: send to it once it is reachable.
+    fn confirm_host(&self, node: &UniqueAddress) {
+        let mut p = self.proxy.lock();
+        if p.host.as_ref().is_some_and(|(h, _)| h == node) {
+            p.stale = false;
+        }
+    }
+
+    /// `node`, if it is the host, may not run the instance now (unreachable, or fenced):
+    /// buffer until it announces itself again.
+    fn pause_host_if(&self, node: &UniqueAddress) {
+        let mut p = self.proxy.lock();
+        if p.host.as_ref().is_some_and(|(h, _)| h == node) {
+            p.stale = true;
+        }
     }
 
     fn clear_host_if(&self, node: &UniqueAddress) {
@@ -333,7 +360,8 @@ impl<M: Serialize + Send + 'static> Shared<M> {
     }
 
     /// Forgets a host that is no longer `Up` in `state`; returns whether the proxy may send
-    /// to its host now (known, `Up` and reachable).
+    /// to its host now (known, `Up`, reachable, and announced since it was last unreachable
+    /// or fenced).
     fn refresh(&self, p: &mut ProxyState<M>, state: &ClusterState) -> bool {
         let Some((h, _)) = &p.host else {
             return false;
@@ -346,7 +374,10 @@ impl<M: Serialize + Send + 'static> Shared<M> {
             self.host_tx.send_replace(None);
             return false;
         }
-        !state.unreachable.contains(h)
+        if state.unreachable.contains(h) {
+            p.stale = true;
+        }
+        !p.stale
     }
 
     /// Sends the buffered messages if the host can be reached now.
@@ -412,6 +443,7 @@ where
             manager_path,
             proxy: Mutex::new(ProxyState {
                 host: None,
+                stale: false,
                 buffer: VecDeque::new(),
                 stopped: false,
             }),
@@ -608,6 +640,8 @@ where
     fn on_event(&mut self, e: ClusterEvent) {
         match &e {
             ClusterEvent::MemberRemoved { node, .. } => self.shared.clear_host_if(node),
+            // Whether or not anything was sent meanwhile: it may be fenced on its side.
+            ClusterEvent::Unreachable(node) => self.shared.pause_host_if(node),
             ClusterEvent::MemberJoined(m)
             | ClusterEvent::MemberWeaklyUp(m)
             | ClusterEvent::MemberUp(m)
@@ -640,7 +674,9 @@ where
                     .borrow()
                     .as_ref()
                     .is_some_and(|h| *h == node);
-                if up && !known {
+                if known {
+                    self.shared.confirm_host(&node);
+                } else if up {
                     let target = Target::Remote(
                         self.shared
                             .cluster
@@ -654,6 +690,7 @@ where
                 self.shared.clear_host_if(&node);
                 self.view.on_handed_over(node);
             }
+            WireMsg::Paused(node) => self.shared.pause_host_if(&node),
         }
     }
 
@@ -675,6 +712,11 @@ where
                     "node fenced: stopping the singleton instance"
                 );
                 self.stop_instance(false).await;
+                // Proxies that can reach this node (its own among them) would send to the
+                // stopped instance: they wait for the next `Hosting` instead. Those that
+                // cannot reach it wait anyway (an unreachable host is paused for them).
+                self.shared.pause_host_if(&state.self_node);
+                self.send_all(state, WireMsg::Paused(state.self_node.clone()));
             }
             return;
         }
@@ -682,6 +724,9 @@ where
             (SingletonDecision::Host, false) => self.start_instance(state),
             (SingletonDecision::Host, true) => {
                 if announce {
+                    // This node's own proxy takes the announcement too (one from itself is
+                    // not delivered to it).
+                    self.shared.confirm_host(&state.self_node);
                     self.send_all(state, WireMsg::Hosting(state.self_node.clone()));
                 }
             }
