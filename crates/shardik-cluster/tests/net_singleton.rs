@@ -112,6 +112,26 @@ fn start_singleton_with(
     })
 }
 
+/// Cuts n0 off from n1 and n2 and waits until it is fenced and has stopped its instance.
+async fn isolate_n0(
+    faults: &shardik_remote::FaultInjector,
+    nodes: &[Node],
+    on_n0: &ClusterSingleton<Msg>,
+) {
+    for other in ["n1", "n2"] {
+        faults.cut_both("n0", other);
+    }
+    let fenced = |s: &shardik_cluster::runtime::ClusterState| s.fenced;
+    wait(
+        &nodes[0].cluster,
+        "n0 fenced",
+        Duration::from_secs(10),
+        fenced,
+    )
+    .await;
+    within("n0's instance stops", 5, on_n0.wait_hosting(false)).await;
+}
+
 async fn within<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
     match tokio::time::timeout(Duration::from_secs(secs), f).await {
         Ok(v) => v,
@@ -287,17 +307,7 @@ async fn isolated_host_stops_its_instance_before_the_majority_starts_one() {
         })
         .collect();
     within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
-    for other in ["n1", "n2"] {
-        faults.cut_both("n0", other);
-    }
-    wait(
-        &nodes[0].cluster,
-        "n0 fenced",
-        Duration::from_secs(10),
-        |s| s.fenced,
-    )
-    .await;
-    within("n0's instance stops", 5, singletons[0].wait_hosting(false)).await;
+    isolate_n0(&faults, &nodes, &singletons[0]).await;
     let hosts = within("the majority hosts", 20, async {
         tokio::select! {
             _ = singletons[1].wait_hosting(true) => 1,
@@ -438,17 +448,7 @@ async fn messages_around_a_fenced_host_reach_its_instance_when_it_runs_again() {
     let n0 = nodes[0].id().clone();
     let knows = p1.wait_host(|h| h == Some(&n0));
     within("n1's proxy knows the host", 5, knows).await;
-    for other in ["n1", "n2"] {
-        faults.cut_both("n0", other);
-    }
-    wait(
-        &nodes[0].cluster,
-        "n0 fenced",
-        Duration::from_secs(10),
-        |s| s.fenced,
-    )
-    .await;
-    within("n0's instance stops", 5, singletons[0].wait_hosting(false)).await;
+    isolate_n0(&faults, &nodes, &singletons[0]).await;
     wait(
         &nodes[1].cluster,
         "n1 sees n0 unreachable",
