@@ -424,11 +424,11 @@ async fn a_busy_instance_on_a_leaving_host_never_overlaps_the_next() {
 
 /// The host is cut off long enough to be fenced (its instance stops) but not downed (a long
 /// `stable_after`), then the cut heals. A message told through a proxy on the other side
-/// while the host was unreachable, and one told through the host's own proxy while it was
-/// fenced, both reach the instance once it runs again: the proxies wait for the host's next
-/// announcement instead of sending to an instance that does not run (found by an audit on
-/// 2026-11-29: the first went out as soon as the host was reachable again, before its fence
-/// lifted, the second at once, and both were lost).
+/// while the host was unreachable reaches the instance once it runs again: the proxy waits
+/// for the host's next announcement (found by an audit on 2026-11-29: it went out as soon as
+/// the host was reachable again, before its fence lifted, and was lost). One told through the
+/// host's own proxy while fenced waits too (that proxy forgot the stopped instance), and is
+/// handled first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_around_a_fenced_host_reach_its_instance_when_it_runs_again() {
     let faults = shardik_remote::FaultInjector::new();

@@ -69,7 +69,7 @@
 //! node's view until the next host announces itself) messages are **buffered** in order, up
 //! to [`buffer_size`](SingletonSettings::buffer_size), and sent when the new host is known; a
 //! message that finds the buffer full is refused with [`SingletonError::BufferFull`]. While
-//! the host is unreachable from this node, or after it said it stopped its instance because
+//! the host is unreachable (flagged by any member), or after it said it stopped its instance because
 //! it is fenced (`Paused`), messages are buffered too, and sent once it is reachable and has
 //! announced itself again (it does while its instance runs: after a fence, once the instance
 //! runs again), or when the next host announces itself after it was downed. Delivery is at
@@ -454,6 +454,7 @@ where
             shared: shared.clone(),
             factory: Box::new(factory),
             instance: None,
+            paused: false,
             view: SingletonView::new(
                 shared.settings.removal_timeout,
                 shared.settings.down_margin,
@@ -589,6 +590,9 @@ struct Manager<A: Actor> {
     shared: Arc<Shared<A::Msg>>,
     factory: Factory<A>,
     instance: Option<ActorRef<A::Msg>>,
+    /// This node stopped its instance for a fence and has not run one since: it tells the
+    /// members so (`Paused`) on every announcement tick while fenced.
+    paused: bool,
     view: SingletonView,
 }
 
@@ -712,14 +716,19 @@ where
                     "node fenced: stopping the singleton instance"
                 );
                 self.stop_instance(false).await;
-                // Proxies that can reach this node (its own among them) would send to the
-                // stopped instance: they wait for the next `Hosting` instead. Those that
-                // cannot reach it wait anyway (an unreachable host is paused for them).
-                self.shared.pause_host_if(&state.self_node);
+                self.paused = true;
+                // Proxies elsewhere that can reach this node would send to the stopped
+                // instance: they wait for the next `Hosting` instead (this node's own proxy
+                // forgot the instance as it stopped). Told at once and again on every
+                // announcement tick while fenced, since a copy may be lost; proxies that
+                // cannot reach this node wait anyway (an unreachable host is paused).
+                self.send_all(state, WireMsg::Paused(state.self_node.clone()));
+            } else if self.paused && announce {
                 self.send_all(state, WireMsg::Paused(state.self_node.clone()));
             }
             return;
         }
+        self.paused = false;
         match (&decision, self.instance.is_some()) {
             (SingletonDecision::Host, false) => self.start_instance(state),
             (SingletonDecision::Host, true) => {
