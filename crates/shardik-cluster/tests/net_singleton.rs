@@ -83,6 +83,16 @@ fn start_singleton(cluster: &Cluster, witness: &Arc<Witness>) -> ClusterSingleto
     )
 }
 
+/// The counter singleton started on every node, with the witness they share.
+fn start_everywhere(nodes: &[Node]) -> (Arc<Witness>, Vec<ClusterSingleton<Msg>>) {
+    let witness = Arc::new(Witness::default());
+    let singletons = nodes
+        .iter()
+        .map(|n| start_singleton(&n.cluster, &witness))
+        .collect();
+    (witness, singletons)
+}
+
 fn start_singleton_with(
     cluster: &Cluster,
     witness: &Arc<Witness>,
@@ -143,11 +153,7 @@ async fn within<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T
 async fn one_instance_handed_over_on_leave_and_restarted_after_crash() {
     // Four nodes, so that after one left and one crashed, the other two are a majority.
     let (nodes, _) = cluster_of(4, None).await;
-    let witness = Arc::new(Witness::default());
-    let singletons: Vec<_> = nodes
-        .iter()
-        .map(|n| start_singleton(&n.cluster, &witness))
-        .collect();
+    let (witness, singletons) = start_everywhere(&nodes);
 
     // The oldest member (n0, moved up first) runs the only instance; every proxy finds it.
     within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
@@ -438,11 +444,7 @@ async fn messages_around_a_fenced_host_reach_its_instance_when_it_runs_again() {
             .stable_after(Duration::from_secs(60))
     })
     .await;
-    let witness = Arc::new(Witness::default());
-    let singletons: Vec<_> = nodes
-        .iter()
-        .map(|n| start_singleton(&n.cluster, &witness))
-        .collect();
+    let (witness, singletons) = start_everywhere(&nodes);
     within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
     let (p0, p1) = (singletons[0].proxy(), singletons[1].proxy());
     let n0 = nodes[0].id().clone();
