@@ -306,6 +306,21 @@ pub(crate) fn replace_message_header(dst: &mut Vec<u8>, old_len: usize, header: 
     dst[5..MESSAGE_PREFIX].copy_from_slice(&(header.len() as u32).to_be_bytes());
 }
 
+/// The reply slots named in the header of `frame`, a whole encoded frame (length prefix
+/// included) as queued for a writer: none for a frame that is not a message, or whose header
+/// does not parse (this node encoded it, so that does not happen).
+pub(crate) fn queued_reply_ids(frame: &[u8]) -> Vec<u64> {
+    if frame.get(4) != Some(&KIND_MESSAGE) || frame.len() < MESSAGE_PREFIX {
+        return Vec::new();
+    }
+    let header_len = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) as usize;
+    frame
+        .get(MESSAGE_PREFIX..MESSAGE_PREFIX.saturating_add(header_len))
+        .and_then(|header| rmp_serde::from_slice::<HeaderBorrowed<'_>>(header).ok())
+        .map(|h| h.reply_ids)
+        .unwrap_or_default()
+}
+
 /// Sets the length prefix of the frame in `dst` (a frame begun with [`begin_message`]) and
 /// returns its body length; refuses a body over `max` (leaving `dst` as it was).
 pub(crate) fn finish_frame(dst: &mut [u8], max: usize) -> Result<usize, FrameError> {

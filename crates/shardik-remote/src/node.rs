@@ -288,7 +288,12 @@ impl Node {
     /// then comes up: a detected restart fails the replies its old incarnation owes, and the
     /// connections it replaced are closed.
     fn install_effects(&self, peer: &Peer, remote: &NodeIdentity, installed: Installed) {
-        if let Some(Restarted { old, cutoff }) = installed.restarted {
+        if let Some(Restarted {
+            old,
+            cutoff,
+            queued,
+        }) = installed.restarted
+        {
             tracing::info!(
                 peer = %remote.node_id,
                 peer_addr = %peer.addr,
@@ -296,8 +301,12 @@ impl Node {
                 new_incarnation = remote.incarnation,
                 "peer restarted; failing replies pending toward its old incarnation"
             );
-            self.replies
-                .fail_peer(&peer.addr, cutoff, "the peer restarted before answering");
+            self.replies.fail_peer(
+                &peer.addr,
+                cutoff,
+                &queued,
+                "the peer restarted before answering",
+            );
             self.event(RemoteEvent::PeerRestarted {
                 addr: peer.addr.to_string(),
                 old,

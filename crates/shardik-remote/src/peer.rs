@@ -77,8 +77,11 @@ impl PeerState {
 pub(crate) struct Restarted {
     /// Its previous incarnation.
     pub(crate) old: u64,
-    /// Requests sent before this instant went to the old incarnation.
+    /// Requests sent before this instant went to the old incarnation ...
     pub(crate) cutoff: Instant,
+    /// ... except those still queued (their frames wait for the new incarnation's
+    /// connections): the reply slots they carry.
+    pub(crate) queued: std::collections::HashSet<u64>,
 }
 
 /// What installing a connection changed.
@@ -404,6 +407,7 @@ impl Peer {
                     .filter_map(|l| l.ended_at)
                     .min()
                     .unwrap_or_else(Instant::now);
+                let mut queued = std::collections::HashSet::new();
                 for (l, link) in st.lanes.iter_mut().zip(&self.links) {
                     if let Some(old) = l.conn.take() {
                         old.cancel.cancel();
@@ -411,10 +415,13 @@ impl Peer {
                         replaced.push(old.info.lane);
                     }
                     l.ended_at = None;
+                    // No old writer takes frames any more: what waits goes to the new one.
+                    link.queue.queued_reply_ids(&mut queued);
                 }
                 Some(Restarted {
                     old: r.incarnation,
                     cutoff,
+                    queued,
                 })
             }
             _ => None,

@@ -148,6 +148,22 @@ impl OutQueue {
         }
     }
 
+    /// Adds the reply slots of the message frames waiting (not taken by any writer) to
+    /// `into`: their requests have not left this node. Walks every waiting frame, so it is
+    /// for rare events (a peer restarted), not the message path.
+    pub(crate) fn queued_reply_ids(&self, into: &mut std::collections::HashSet<u64>) {
+        let q = self.inner.lock();
+        for seg in &q.segments {
+            let mut rest = &seg.bytes[..];
+            while rest.len() >= 4 {
+                let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                let end = (4 + len).min(rest.len());
+                into.extend(crate::frame::queued_reply_ids(&rest[..end]));
+                rest = &rest[end..];
+            }
+        }
+    }
+
     /// True if nothing waits.
     pub(crate) fn is_empty(&self) -> bool {
         self.inner.lock().frames == 0
@@ -182,6 +198,36 @@ mod tests {
         assert_eq!((&second.bytes[..], second.frames), (&b"ce"[..], 2));
         assert!(q.is_empty());
         assert!(q.take(1).is_none());
+    }
+
+    /// A whole message frame naming reply slots `ids`.
+    fn message(ids: &[u64]) -> Vec<u8> {
+        let header = crate::frame::message_header("/user/a", None, "t::Msg", ids).unwrap();
+        let mut frame = Vec::new();
+        crate::frame::begin_message(&mut frame, &header);
+        frame.extend_from_slice(b"payload");
+        crate::frame::finish_frame(&mut frame, 1 << 20).unwrap();
+        frame
+    }
+
+    /// The reply slots of the frames still waiting are found, across segments and among
+    /// other frames; those of frames a writer took are not.
+    #[test]
+    fn the_reply_slots_of_waiting_message_frames_are_found() {
+        let q = OutQueue::new(10, 2);
+        q.assign(1);
+        q.push(&message(&[1, 2])).unwrap();
+        q.push(&message(&[])).unwrap();
+        q.push(&[0, 0, 0, 1, 9]).unwrap(); // a frame of another kind
+        q.push(&message(&[3])).unwrap();
+        q.push(&message(&[u64::MAX])).unwrap();
+        let mut ids = std::collections::HashSet::new();
+        q.queued_reply_ids(&mut ids);
+        assert_eq!(ids, [1, 2, 3, u64::MAX].into());
+        assert_eq!(q.take(1).unwrap().frames, 2, "the first segment is written");
+        ids.clear();
+        q.queued_reply_ids(&mut ids);
+        assert_eq!(ids, [3, u64::MAX].into());
     }
 
     #[test]

@@ -193,23 +193,39 @@ impl Replies {
             .collect()
     }
 
-    /// Forgets slots without an answer (an ask timed out).
+    /// Forgets slots without an answer (an ask timed out, or the message carrying them was
+    /// not sent).
+    ///
+    /// Like every removal here, the slots are dropped after the lock is released: a relay
+    /// slot's `deliver` holds the reply handle it relays to, and dropping that unanswered
+    /// tells its node `ReplyFailed`. When that node is this one (a handle that came back
+    /// through the node's own address), the frame is handled in place, by [`Replies::fail`],
+    /// which takes the lock again.
     pub(crate) fn forget(&self, ids: &[u64]) {
-        let mut map = self.pending.lock();
-        for id in ids {
-            map.remove(id);
-        }
+        let removed: Vec<Pending> = {
+            let mut map = self.pending.lock();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        drop(removed);
     }
 
-    /// Fails every slot waiting on `peer` that was exported before `cutoff` (the peer
-    /// restarted: those requests went to its old incarnation and will never be answered).
-    /// Later slots belong to requests still queued for the new incarnation.
-    pub(crate) fn fail_peer(&self, peer: &str, cutoff: Instant, reason: &str) {
+    /// Fails every slot waiting on `peer` that was exported before `cutoff` and is not in
+    /// `queued` (the peer restarted: those requests went to its old incarnation and will
+    /// never be answered). Later slots, and those of requests still waiting in the outbound
+    /// queues (`queued`), go to the new incarnation: a request can wait in a queue from
+    /// before the cutoff, behind a backlog the old incarnation was slow to read.
+    pub(crate) fn fail_peer(
+        &self,
+        peer: &str,
+        cutoff: Instant,
+        queued: &std::collections::HashSet<u64>,
+        reason: &str,
+    ) {
         let ids: Vec<u64> = self
             .pending
             .lock()
             .iter()
-            .filter(|(_, p)| &*p.peer == peer && p.created < cutoff)
+            .filter(|(id, p)| &*p.peer == peer && p.created < cutoff && !queued.contains(id))
             .map(|(id, _)| *id)
             .collect();
         self.fail(&ids, ReplyFailure::Undeliverable, reason);
@@ -222,13 +238,20 @@ impl Replies {
     }
 
     fn sweep_at(&self, now: Instant, max_age: Duration) -> usize {
-        let mut map = self.pending.lock();
-        let before = map.len();
-        map.retain(|_, p| match p.keep_until {
-            Some(until) => now < until,
-            None => now.saturating_duration_since(p.created) < max_age,
-        });
-        before - map.len()
+        // Dropped after the lock is released (see `forget`).
+        let expired: Vec<Pending> = {
+            let mut map = self.pending.lock();
+            let ids: Vec<u64> = map
+                .iter()
+                .filter(|(_, p)| match p.keep_until {
+                    Some(until) => now >= until,
+                    None => now.saturating_duration_since(p.created) >= max_age,
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        expired.len()
     }
 
     #[cfg(test)]
@@ -386,12 +409,86 @@ mod tests {
         let _b = r.export(Box::new(|_| Ok(())), "q".into());
         r.forget(&[a]);
         assert_eq!(r.len(), 1);
-        r.fail_peer("q", Instant::now() - Duration::from_secs(60), "restarted");
+        let none = std::collections::HashSet::new();
+        r.fail_peer(
+            "q",
+            Instant::now() - Duration::from_secs(60),
+            &none,
+            "restarted",
+        );
         assert_eq!(r.len(), 1, "slots newer than the cutoff stay");
-        r.fail_peer("q", Instant::now(), "restarted");
+        r.fail_peer(
+            "q",
+            Instant::now(),
+            &std::collections::HashSet::from([_b]),
+            "restarted",
+        );
+        assert_eq!(r.len(), 1, "slots of requests still queued stay");
+        r.fail_peer("q", Instant::now(), &none, "restarted");
         assert_eq!(r.len(), 0);
         r.export(Box::new(|_| Ok(())), "p".into());
         assert_eq!(r.sweep(Duration::ZERO), 1);
+    }
+
+    /// Calls back into its `Replies` when dropped, as a relay slot's reply handle to this
+    /// very node does (its `ReplyFailed` is handled in place).
+    struct FailsOnDrop(Arc<Replies>, u64);
+
+    impl Drop for FailsOnDrop {
+        fn drop(&mut self) {
+            self.0.fail(&[self.1], ReplyFailure::NoReply, "dropped");
+        }
+    }
+
+    /// A slot whose drop re-enters the slots (forgotten or swept) does not deadlock: slots
+    /// are dropped after the lock is released. Run on a thread of its own so that a deadlock
+    /// fails the test instead of hanging it.
+    #[test]
+    fn dropping_a_forgotten_or_swept_slot_may_reenter_the_slots() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = Arc::new(Replies::new());
+            let (tx, mut rx) = oneshot::channel::<()>();
+            let relayed = r.export(
+                Box::new(move |_| {
+                    drop(tx);
+                    Ok(())
+                }),
+                "p".into(),
+            );
+            let guard = FailsOnDrop(r.clone(), relayed);
+            let relay = r.export(
+                Box::new(move |_| {
+                    let _keep = &guard;
+                    Ok(())
+                }),
+                "q".into(),
+            );
+            r.forget(&[relay]);
+            assert!(rx.try_recv().is_err(), "the relayed slot failed: closed");
+            assert_eq!(r.len(), 0);
+
+            // The relayed slot is an ask's, kept past the sweep; the relay slot is swept.
+            let relayed = r.export(Box::new(|_| Ok(())), "p".into());
+            let (ftx, mut frx) = oneshot::channel();
+            r.owned_by_ask(&[relayed], Duration::from_secs(3600), ftx);
+            let guard = FailsOnDrop(r.clone(), relayed);
+            r.export(
+                Box::new(move |_| {
+                    let _keep = &guard;
+                    Ok(())
+                }),
+                "q".into(),
+            );
+            let swept = r.sweep_at(Instant::now() + Duration::from_secs(1), Duration::ZERO);
+            assert_eq!(swept, 1, "the relay slot was swept");
+            assert_eq!(frx.try_recv().unwrap().0, ReplyFailure::NoReply);
+            assert_eq!(r.len(), 0, "its drop failed the relayed slot");
+            done.send(()).unwrap();
+        });
+        finished
+            .recv_timeout(Duration::from_secs(10))
+            .expect("forgetting and sweeping finish (no deadlock)");
     }
 
     /// The sweep forgets hand-made slots after `max_reply_wait`, but an ask's slots only

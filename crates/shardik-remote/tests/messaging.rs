@@ -284,3 +284,66 @@ async fn a_first_tell_from_a_plain_thread_reaches_the_peer() {
     sys_a.shutdown().await;
     sys_b.shutdown().await;
 }
+
+/// What [`Padder`] hears: a request it passes on, with padding, to the next node.
+#[derive(Debug, Serialize, Deserialize)]
+enum Padded {
+    /// Passed on as `Inc` with `pad` bytes beside it.
+    Inc {
+        n: u64,
+        pad: Vec<u8>,
+        reply: ReplyTo<u64>,
+    },
+}
+
+/// Passes `Echo::Inc` on as `Padded::Inc` with `pad` bytes, with the asker's reply handle.
+struct Padder {
+    next: RemoteRef<Padded>,
+    pad: usize,
+}
+
+impl Actor for Padder {
+    type Msg = Echo;
+    async fn handle(&mut self, msg: Echo, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        if let Echo::Inc { n, reply } = msg {
+            let pad = vec![0; self.pad];
+            // A frame over the limit is not sent: the reply slot it exported is forgotten.
+            let _ = self.next.try_tell(Padded::Inc { n, pad, reply });
+        }
+        Ok(())
+    }
+}
+
+/// A reply handle that came back through the node's own address (an ask of a local actor
+/// through `lookup(…, own address)`) and is passed on in a message that is not sent: the
+/// relay slot is forgotten, which drops the handle unanswered, whose `ReplyFailed` to this
+/// very node is handled in place. That used to happen under the lock of the reply slots and
+/// deadlocked the node's remoting (every later ask and reply of every connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looped_back_reply_handle_in_a_message_too_large_to_send_fails_the_ask() {
+    let (sys_a, a) = node_with(config("a").max_frame_len(4096)).await;
+    let (sys_b, b) = node("b").await;
+    let _seen_b = echo(&sys_b, &b);
+    a.register(
+        "/user/pad",
+        sys_a.spawn(Padder {
+            next: a.lookup("/user/padded", b.addr()),
+            pad: 64 * 1024,
+        }),
+    );
+    let me = a.lookup::<Echo>("/user/pad", a.addr());
+    let started = Instant::now();
+    assert_eq!(
+        me.ask(|reply| Echo::Inc { n: 1, reply }, Duration::from_secs(30))
+            .await,
+        Err(AskError::NoReply),
+        "the dropped handle fails the ask at once"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The node still serves asks both ways.
+    let to_b = a.lookup::<Echo>("/user/echo", b.addr());
+    assert_eq!(to_b.ask(|reply| Echo::Inc { n: 2, reply }, T).await, Ok(3));
+    let _seen_a = echo(&sys_a, &a);
+    let to_a = b.lookup::<Echo>("/user/echo", a.addr());
+    assert_eq!(to_a.ask(|reply| Echo::Inc { n: 4, reply }, T).await, Ok(5));
+}

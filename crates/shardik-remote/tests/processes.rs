@@ -39,11 +39,20 @@ enum Proc {
         n: u64,
         reply: ReplyTo<u64>,
     },
+    /// Like `Inc`, with `pad` bytes beside it; counted.
+    PaddedInc {
+        n: u64,
+        pad: Vec<u8>,
+        reply: ReplyTo<u64>,
+    },
+    /// Answers how many `PaddedInc` this incarnation handled.
+    Handled { reply: ReplyTo<u64> },
 }
 
 struct ProcActor {
     inc: u64,
     seen: Option<mpsc::UnboundedSender<u64>>,
+    padded: u64,
 }
 
 impl Actor for ProcActor {
@@ -62,6 +71,11 @@ impl Actor for ProcActor {
                     reply.reply(v);
                 }
             }
+            Proc::PaddedInc { n, pad: _, reply } => {
+                self.padded += 1;
+                reply.reply(n + self.inc);
+            }
+            Proc::Handled { reply } => reply.reply(self.padded),
         }
         Ok(())
     }
@@ -84,7 +98,14 @@ fn child_node() {
         let remote = Remote::start(&system, config("child").bind(bind))
             .await
             .expect("the child node starts");
-        remote.register(PATH, system.spawn(ProcActor { inc: 1, seen: None }));
+        remote.register(
+            PATH,
+            system.spawn(ProcActor {
+                inc: 1,
+                seen: None,
+                padded: 0,
+            }),
+        );
         (system, remote)
     });
     // A line of its own: libtest may have printed "test child_node ... " without a newline.
@@ -153,6 +174,7 @@ async fn parent() -> (ActorSystem, Remote, mpsc::UnboundedReceiver<u64>) {
         system.spawn(ProcActor {
             inc: 1000,
             seen: Some(tx),
+            padded: 0,
         }),
     );
     (system, remote, rx)
@@ -246,4 +268,90 @@ async fn reconnects_to_a_killed_and_restarted_process() {
         }
     );
     both_ways(&parent, &mut seen, &addr).await;
+}
+
+/// Asks still waiting in the outbound queue when the peer restarts go to the new incarnation
+/// and are answered by it; only those whose requests left for the old one fail. Before, every
+/// ask sent before the old connection ended failed as `Undeliverable`, and the queued ones
+/// among them were then delivered to (and run by) the new incarnation all the same.
+///
+/// The child is stopped (SIGSTOP) so that the socket's buffers fill and a backlog builds in
+/// the parent's queue (asks go on until the queue refuses one), then killed and restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asks_queued_when_the_peer_restarts_are_answered_by_its_new_incarnation() {
+    let (_sys, parent) = node_with(config("parent").outbound_queue(64)).await;
+    let mut child = start_child("127.0.0.1:0").await;
+    let addr = child.addr.clone();
+    let to_child = parent.lookup::<Proc>(PATH, &addr);
+    assert_eq!(
+        to_child.ask(|reply| Proc::Inc { n: 1, reply }, T).await,
+        Ok(2)
+    );
+    let mut events = parent.events();
+    let pid = child.child.id().expect("the child runs");
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(stopped.success());
+
+    // Asks until the queue refuses one: the ones before it that are not in the socket's
+    // buffers wait in the queue.
+    let asks = tokio::task::JoinSet::new();
+    let mut asks = asks;
+    let wait = Duration::from_secs(60);
+    let sent = |s: shardik_remote::RemoteStats| s.messages_sent + s.dropped_queue_full;
+    let base = sent(parent.stats());
+    let mut n = 0;
+    while parent.stats().dropped_queue_full == 0 {
+        assert!(n < 100_000, "the queue never filled");
+        let to = to_child.clone();
+        asks.spawn(async move {
+            to.ask(
+                |reply| Proc::PaddedInc {
+                    n,
+                    pad: vec![7; 64 * 1024],
+                    reply,
+                },
+                wait,
+            )
+            .await
+        });
+        n += 1;
+        while sent(parent.stats()) - base < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    child.child.kill().await.expect("the child is killed");
+    wait_event(
+        &mut events,
+        |e| matches!(e, RemoteEvent::Disconnected { addr: a } if *a == addr),
+    )
+    .await;
+    // The queued frames make the parent dial again until the new incarnation is up.
+    let restarted = start_child(&addr).await;
+    wait_event(&mut events, |e| {
+        matches!(e, RemoteEvent::PeerRestarted { .. })
+    })
+    .await;
+    let (mut answered, mut failed) = (0, 0);
+    while let Some(res) = asks.join_next().await {
+        match res.expect("an ask task panicked") {
+            Ok(_) => answered += 1,
+            Err(AskError::Undeliverable(_)) => failed += 1,
+            Err(e) => panic!("an ask failed otherwise: {e:?}"),
+        }
+    }
+    let handled = to_child
+        .ask(|reply| Proc::Handled { reply }, T)
+        .await
+        .expect("the new incarnation answers");
+    assert!(handled > 0, "a backlog reached the new incarnation");
+    assert_eq!(
+        answered, handled,
+        "every request the new incarnation handled was answered ({failed} failed)"
+    );
+    assert!(failed >= 1, "at least the refused one failed");
+    drop(restarted);
 }
