@@ -108,6 +108,10 @@ pub struct MembershipNode {
     form_at: Option<u64>,
     not_converged_since: Option<u64>,
     was_member: bool,
+    /// When this node first saw itself a member (the welcome, or forming the cluster).
+    member_since: Option<u64>,
+    /// Join reminders sent (see [`Node::remind_members`]): picks the next member asked.
+    reminders: usize,
     shut_down: bool,
     fence: Fence,
 }
@@ -140,6 +144,8 @@ impl MembershipNode {
             form_at: None,
             not_converged_since: None,
             was_member: false,
+            member_since: None,
+            reminders: 0,
             shut_down: false,
             fence: Fence::default(),
         }
@@ -353,6 +359,54 @@ impl MembershipNode {
         }
     }
 
+    /// A joiner (`Joining` or `WeaklyUp` in its own view) sends a join request, every
+    /// `join_retry`, to one member that has not seen its state (taking them in turn), if no
+    /// member flags that one unreachable.
+    ///
+    /// A joiner is a member in its own view from the welcome on and never asks again by
+    /// itself; if the member that welcomed it crashed before telling the others, they take it
+    /// in from its gossip only when its state holds no member they do not know (see
+    /// [`Node::may_join_by_gossip`]). Two joiners welcomed together hold each other and
+    /// would stay `Joining` for good. A join request is what a joiner may always send (it
+    /// comes from the running process); a member that already knows it answers with its
+    /// state, as to any retried join.
+    ///
+    /// Only for the first half of the tombstones' lifetime after the welcome: a joiner that
+    /// was downed and removed meanwhile (say while it was cut off) is refused by its
+    /// tombstone, which lives that long at least; past it, it could come back as the
+    /// incarnation that was removed.
+    fn remind_members(&mut self, me: &UniqueAddress, out: &mut Vec<Action>) {
+        let joining = self
+            .gossip
+            .member(me)
+            .is_some_and(|m| matches!(m.status, MemberStatus::Joining | MemberStatus::WeaklyUp));
+        let window = millis(self.config.prune_tombstones_after) / 2;
+        let in_window = self
+            .member_since
+            .is_some_and(|since| self.now < since.saturating_add(window));
+        if !joining || !in_window || self.now < self.next_join {
+            return;
+        }
+        self.next_join = self.now + self.config.join_retry.as_millis() as u64;
+        let unaware: Vec<&UniqueAddress> = self
+            .gossip
+            .members()
+            .filter(|m| {
+                m.node != *me
+                    && !matches!(m.status, MemberStatus::Down | MemberStatus::Exiting)
+                    && !self.gossip.has_seen(&m.node)
+                    && self.gossip.is_reachable(&m.node)
+            })
+            .map(|m| &m.node)
+            .collect();
+        if unaware.is_empty() {
+            return;
+        }
+        let to = unaware[self.reminders % unaware.len()].address.clone();
+        self.reminders = self.reminders.wrapping_add(1);
+        out.push(Action::SendJoin(to));
+    }
+
     fn on_gossip(&mut self, from: UniqueAddress, remote: Gossip, out: &mut Vec<Action>) {
         if remote.check_received().is_err() {
             return; // see `Gossip::check_received`; the runtime logs it
@@ -477,6 +531,7 @@ impl MembershipNode {
         }
         let me = self.self_node().clone();
         self.check_reachability(now);
+        self.remind_members(&me, out);
         // Split brain resolver: only the leader of this side applies a decision.
         let stable_for = self.stability.observe(&self.gossip, now);
         let unstable = self
@@ -704,6 +759,7 @@ impl MembershipNode {
         let status = self.status();
         if status.is_some() {
             self.was_member = true;
+            self.member_since.get_or_insert(self.now);
         }
         let out_of_cluster = matches!(status, Some(MemberStatus::Down | MemberStatus::Exiting))
             || (self.was_member && status.is_none());

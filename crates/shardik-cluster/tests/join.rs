@@ -161,6 +161,90 @@ fn a_joiner_whose_seed_crashes_right_after_the_welcome_still_comes_up() {
     assert!(sim.node(4).alive);
 }
 
+/// Two joiners welcomed by a member that crashes before telling anyone else: each one's
+/// state holds the other, whom the others know nothing of, so neither's gossip counts as
+/// its join there (a harmless state only). They ask the members that have not seen their
+/// state to take them in (a join request, every `join_retry` while they are not `Up`), and
+/// come up. Before, both stayed `Joining` for good.
+#[test]
+fn two_joiners_whose_seed_crashes_right_after_welcoming_both_still_come_up() {
+    let (mut sim, _) = Sim::cluster(4);
+    // Node 2 welcomes both joiners and tells only them; they tell nobody else.
+    sim.cut_gossip(&[2, 4, 5], &[0, 1, 3]);
+    sim.start_seeded(4, 1, &[2]);
+    sim.start_seeded(5, 1, &[2]);
+    sim.run_until(5_000, "welcomed, each knowing the other", |s| {
+        s.node(4).node.gossip().member(&uid(5, 1)).is_some()
+            && s.node(5).node.gossip().member(&uid(4, 1)).is_some()
+    });
+    sim.crash(2);
+    // What node 2 sent before it crashed arrives (and is dropped) under the cut.
+    sim.run_for(500);
+    sim.heal();
+    for i in [0, 1, 3] {
+        assert!(sim.status(i, &uid(4, 1)).is_none(), "node {i} heard of 4");
+        assert!(sim.status(i, &uid(5, 1)).is_none(), "node {i} heard of 5");
+    }
+    let live = [uid(0, 1), uid(1, 1), uid(3, 1), uid(4, 1), uid(5, 1)];
+    sim.run_until(30_000, "joiners up, crashed seed removed", |s| {
+        s.all_up(&[0, 1, 3, 4, 5], &live)
+    });
+}
+
+/// A joiner asks the members that have not seen its state to take it in, one at a time
+/// every `join_retry`, and only during the first half of the tombstones' lifetime after its
+/// welcome (a joiner removed meanwhile must meet its tombstone, not come back).
+#[test]
+fn a_joiner_reminds_unaware_members_only_while_its_tombstone_would_stand() {
+    use shardik_cluster::node::MembershipNode;
+    use shardik_cluster::protocol::{Action, Input};
+    let (sim, _) = Sim::cluster(3);
+    let joiner = uid(3, 1);
+    let mut welcome = sim.node(0).node.gossip().clone();
+    welcome
+        .add_joining(joiner.clone(), BTreeSet::new())
+        .unwrap();
+    welcome.touch(&uid(0, 1));
+    let mut config = Sim::config(joiner.clone());
+    config.join_retry = Duration::from_secs(1);
+    config.prune_tombstones_after = Duration::from_secs(10);
+    let mut node = MembershipNode::new(config);
+    let joins = |out: Vec<Action>| -> Vec<String> {
+        out.into_iter()
+            .filter_map(|a| match a {
+                Action::SendJoin(to) => Some(to),
+                _ => None,
+            })
+            .collect()
+    };
+    node.handle(Input::Tick(1_000));
+    node.handle(Input::Gossip(uid(0, 1), Box::new(welcome)));
+    // Every 500 ms: heartbeats from the others (nobody is flagged), then a tick.
+    let mut tick = |t: u64| {
+        for i in 0..3 {
+            node.handle(Input::HeartbeatFrom(uid(i, 1), t));
+        }
+        joins(node.handle(Input::Tick(t)))
+    };
+    let mut asked = BTreeSet::new();
+    for t in (1_000..=3_000).step_by(500) {
+        let sent = tick(t);
+        assert!(sent.len() <= 1, "one at a time: {sent:?}");
+        asked.extend(sent);
+    }
+    assert_eq!(
+        asked,
+        BTreeSet::from([addr(1), addr(2)]),
+        "the members that have not seen its state, in turn (not node 0, which welcomed it)"
+    );
+    // The window ends 5 s (half of 10 s) after the welcome at 1 s.
+    let late: Vec<String> = (3_500..6_000).step_by(500).flat_map(&mut tick).collect();
+    assert_eq!(late.len(), 2, "at 4 and 5 s: {late:?}");
+    for t in (6_000..=20_000).step_by(500) {
+        assert_eq!(tick(t), Vec::<String>::new(), "at {t} ms");
+    }
+}
+
 /// A joiner watches its peers from the welcome on, before they have heard of it. Heartbeats
 /// go to the watchers in the sender's view, so the joiner asks for them: it never flags a
 /// healthy peer while the news of its join spreads (it flagged them after about 2 s, which

@@ -56,12 +56,7 @@ async fn subscribers_see_members_come_up_in_order() {
 /// it; a restarted first seed joins the running cluster instead of forming a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_nodes_started_together_form_one_cluster() {
-    let addrs: Vec<String> = (0..3)
-        .map(|_| {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().to_string()
-        })
-        .collect();
+    let addrs = free_addrs(3);
     // Start the non-first seeds first: they must not form anything on their own.
     let mut nodes = Vec::new();
     for i in [2, 1] {
@@ -215,4 +210,112 @@ async fn a_node_of_another_cluster_never_joins() {
     );
     assert_eq!(first.cluster.members().len(), 1);
     stop_all(&[first, intruder]).await;
+}
+
+/// The cluster's wire message as a stand-in seed node sees it: only the seed discovery and
+/// join bodies (other bodies do not decode, and the stand-in ignores them).
+#[derive(Debug, Serialize, Deserialize)]
+struct SeedWire {
+    from: shardik_cluster::member::UniqueAddress,
+    to: Option<u64>,
+    body: SeedBody,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum SeedBody {
+    InitJoin,
+    InitJoinAck,
+    InitJoinNack,
+    Join {
+        roles: std::collections::BTreeSet<String>,
+    },
+}
+
+/// A seed node that says it is a member to the first `InitJoin` of the first seed node
+/// (at `first`) only, and never takes anyone in: a member that stopped right after answering,
+/// and came back (as the same address) as a node that is not a member.
+struct AckOnce {
+    me: shardik_cluster::member::UniqueAddress,
+    remote: shardik_remote::Remote,
+    first: String,
+    acked: bool,
+}
+
+impl Actor for AckOnce {
+    type Msg = SeedWire;
+    async fn handle(&mut self, msg: SeedWire, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        if let SeedBody::InitJoin = msg.body {
+            let body = if msg.from.address == self.first && !self.acked {
+                self.acked = true;
+                SeedBody::InitJoinAck
+            } else {
+                SeedBody::InitJoinNack
+            };
+            self.remote
+                .lookup::<SeedWire>(shardik_cluster::runtime::PATH, &msg.from.address)
+                .tell(SeedWire {
+                    from: self.me.clone(),
+                    to: Some(msg.from.incarnation),
+                    body,
+                });
+        }
+        Ok(())
+    }
+}
+
+/// The first seed node heard "I am a member" from a seed that then never took it in, and
+/// every seed answers "not a member" since: after `seed_timeout` it asks the seeds afresh
+/// and, all answering "not a member", forms the cluster, which the other seed joins. Before,
+/// one such answer left the first seed waiting for a member for good, and no cluster formed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_seed_whose_member_seed_vanished_forms_the_cluster() {
+    let addrs = free_addrs(3);
+    let seed_timeout = Duration::from_millis(1500);
+    let seeded = |i: usize| {
+        config(&format!("s{i}"))
+            .bind(addrs[i].clone())
+            .seed_nodes(addrs.clone())
+            .seed_timeout(seed_timeout)
+            .join_retry(Duration::from_millis(200))
+    };
+    // Seed 1 is the stand-in: a bare remote node at the cluster's path.
+    let stand_in = shardik_actor::ActorSystem::new("s1");
+    let remote = shardik_remote::Remote::start(&stand_in, seeded(1).remote.clone())
+        .await
+        .expect("the stand-in's remote layer starts");
+    let acker = stand_in.spawn(AckOnce {
+        me: shardik_cluster::member::UniqueAddress::new(remote.addr(), "s1", remote.incarnation()),
+        remote: remote.clone(),
+        first: addrs[0].clone(),
+        acked: false,
+    });
+    remote.register(shardik_cluster::runtime::PATH, acker);
+    let s2 = start(seeded(2)).await;
+    let s0 = start(seeded(0)).await;
+    let within = seed_timeout * 4 + Duration::from_secs(5);
+    for n in [&s0, &s2] {
+        tokio::time::timeout(within, n.cluster.when_up())
+            .await
+            .unwrap_or_else(|_| panic!("{} is not up: {:#?}", n.id(), n.cluster.state()))
+            .expect("up");
+    }
+    for n in [&s0, &s2] {
+        let members = n.cluster.members();
+        assert_eq!(members.len(), 2, "{members:#?}");
+        assert!(members.iter().all(|m| m.status == MemberStatus::Up));
+    }
+    stop_all(&[s0, s2]).await;
+    remote.shutdown().await;
+    stand_in.shutdown().await;
+}
+
+/// `n` addresses on 127.0.0.1 with ports the OS picked (free when picked), for nodes that
+/// must know each other's addresses before they start.
+fn free_addrs(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        })
+        .collect()
 }

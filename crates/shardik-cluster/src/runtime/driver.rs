@@ -35,6 +35,13 @@ enum Seeding {
     },
     /// Any other node: asks the seeds until one that is a member answers, and joins it.
     Seek,
+    /// The first seed node after a seed answered that it is a member: joins it like
+    /// [`Seeding::Seek`], but asks all seeds afresh ([`Seeding::FirstSeed`]) if no seed said
+    /// so again for `seed_timeout` and this node is still not a member. The member that
+    /// answered may have stopped before taking this node in, and seeds that restarted since
+    /// answer "not a member": without the fresh round the first seed would wait for a member
+    /// forever and no cluster would form.
+    FirstSeedJoining { retry_at: u64 },
 }
 
 struct Driver {
@@ -284,6 +291,21 @@ impl Driver {
             self.seeding = Seeding::Done;
             return;
         }
+        if let Seeding::FirstSeedJoining { retry_at } = self.seeding {
+            if now >= retry_at {
+                tracing::info!(
+                    node = %self.me,
+                    timeout = ?self.cfg.seed_timeout,
+                    "the seed node that answered it is a member has not taken this node in, \
+                     and no seed said it is a member since: asking the seed nodes again"
+                );
+                self.seeding = Seeding::FirstSeed {
+                    pending: self.other_seeds.iter().cloned().collect(),
+                    deadline: now + self.cfg.seed_timeout.as_millis() as u64,
+                };
+                self.next_init_join = now;
+            }
+        }
         if let Seeding::FirstSeed { deadline, .. } = &self.seeding {
             if now >= *deadline {
                 tracing::info!(
@@ -307,8 +329,14 @@ impl Driver {
         if self.node.status().is_some() || matches!(self.seeding, Seeding::Done) {
             return;
         }
-        self.seeding = Seeding::Seek;
         let now = self.now();
+        self.seeding = if self.cfg.seed_nodes.first() == Some(&self.me.address) {
+            Seeding::FirstSeedJoining {
+                retry_at: now + self.cfg.seed_timeout.as_millis() as u64,
+            }
+        } else {
+            Seeding::Seek
+        };
         if now >= self.next_join_feed {
             self.next_join_feed = now + self.cfg.join_retry.as_millis() as u64;
             tracing::info!(node = %self.me, through = %from, "joining through a member seed node");

@@ -57,7 +57,9 @@
 //! - the **first** seed node asks the others whether they are members (`InitJoin`, retried
 //!   every [`join_retry`](ClusterConfig::join_retry)). If one answers yes, it joins that one.
 //!   It forms a new cluster only when every other seed answered "not a member", or when
-//!   [`seed_timeout`](ClusterConfig::seed_timeout) (5 s) passed without a yes;
+//!   [`seed_timeout`](ClusterConfig::seed_timeout) (5 s) passed without a yes. If the seed
+//!   that said yes has not taken it in and no seed said yes again for `seed_timeout`, it
+//!   asks them all afresh (that seed may have stopped right after answering);
 //! - every **other** node (seed or not) asks the seeds the same way until one that is a
 //!   member answers, then joins through it (the join is retried by the core until a gossip
 //!   that contains this node arrives). It never forms a cluster itself;

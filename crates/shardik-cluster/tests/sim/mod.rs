@@ -172,7 +172,8 @@ impl Sim {
         }
     }
 
-    /// Drops the gossip `from -> to` for every pair (heartbeats still get through).
+    /// Drops the membership news `from -> to` for every pair, gossip and join requests
+    /// (heartbeats and requests for them still get through).
     pub fn cut_gossip(&mut self, from: &[usize], to: &[usize]) {
         for x in from {
             for y in to {
@@ -265,7 +266,7 @@ impl Sim {
             if matches!(msg, Msg::Heartbeat | Msg::Watch(_)) && self.hb_cuts.contains(&key) {
                 continue;
             }
-            if matches!(msg, Msg::Gossip(_)) && self.gossip_cuts.contains(&key) {
+            if matches!(msg, Msg::Gossip(_) | Msg::Join(_)) && self.gossip_cuts.contains(&key) {
                 continue;
             }
             let now = self.now;
