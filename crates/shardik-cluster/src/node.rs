@@ -110,7 +110,8 @@ pub struct MembershipNode {
     was_member: bool,
     /// When this node first saw itself a member (the welcome, or forming the cluster).
     member_since: Option<u64>,
-    /// Join reminders sent (see [`Node::remind_members`]): picks the next member asked.
+    /// Join reminders sent (see [`MembershipNode::remind_members`]): picks the next member
+    /// asked.
     reminders: usize,
     shut_down: bool,
     fence: Fence,
@@ -262,6 +263,11 @@ impl MembershipNode {
                 }
             }
             Input::Join(node, roles) => self.on_join(node, roles, &mut out),
+            Input::JoinReminder(node, roles) => {
+                if !self.replaces_a_live_one(&node) {
+                    self.on_join(node, roles, &mut out);
+                }
+            }
             Input::JoinSeeds(seeds) => {
                 // Only the first seed of the list may form a cluster, and only once no other
                 // seed has answered within the seed-node timeout; every other node only joins.
@@ -359,21 +365,24 @@ impl MembershipNode {
         }
     }
 
-    /// A joiner (`Joining` or `WeaklyUp` in its own view) sends a join request, every
-    /// `join_retry`, to one member that has not seen its state (taking them in turn), if no
+    /// A joiner (`Joining` or `WeaklyUp` in its own view) sends a join reminder
+    /// ([`Action::SendJoinReminder`]), every `join_retry` from two `join_retry` after its
+    /// welcome on, to one member that has not seen its state (taking them in turn), if no
     /// member flags that one unreachable.
     ///
-    /// A joiner is a member in its own view from the welcome on and never asks again by
-    /// itself; if the member that welcomed it crashed before telling the others, they take it
-    /// in from its gossip only when its state holds no member they do not know (see
-    /// [`Node::may_join_by_gossip`]). Two joiners welcomed together hold each other and
-    /// would stay `Joining` for good. A join request is what a joiner may always send (it
-    /// comes from the running process); a member that already knows it answers with its
-    /// state, as to any retried join.
+    /// A joiner is a member in its own view from the welcome on and sends no join requests
+    /// any more; if the member that welcomed it crashed before telling the others, they take
+    /// it in from its gossip only when its state holds no member they do not know (see
+    /// [`MembershipNode::may_join_by_gossip`]). Two joiners welcomed together hold each other
+    /// and would stay `Joining` for good. A member that already knows the joiner answers a
+    /// reminder with its state, as a retried join. A reminder goes to the incarnation in the
+    /// joiner's view only, and never takes the place of a live member with the joiner's
+    /// address or node id (see [`Input::JoinReminder`]).
     ///
-    /// Only for the first half of the tombstones' lifetime after the welcome: a joiner that
-    /// was downed and removed meanwhile (say while it was cut off) is refused by its
-    /// tombstone, which lives that long at least; past it, it could come back as the
+    /// Only for the first half of the tombstones' lifetime after the welcome (by this node's
+    /// clock; the leader prunes by its own, so the two may differ by up to that half): a
+    /// joiner that was downed and removed meanwhile (say while it was cut off) is refused by
+    /// its tombstone, which lives that long at least; past it, it could come back as the
     /// incarnation that was removed.
     fn remind_members(&mut self, me: &UniqueAddress, out: &mut Vec<Action>) {
         let joining = self
@@ -381,13 +390,14 @@ impl MembershipNode {
             .member(me)
             .is_some_and(|m| matches!(m.status, MemberStatus::Joining | MemberStatus::WeaklyUp));
         let window = millis(self.config.prune_tombstones_after) / 2;
-        let in_window = self
-            .member_since
-            .is_some_and(|since| self.now < since.saturating_add(window));
+        let retry = self.config.join_retry.as_millis() as u64;
+        let in_window = self.member_since.is_some_and(|since| {
+            self.now >= since.saturating_add(2 * retry) && self.now < since.saturating_add(window)
+        });
         if !joining || !in_window || self.now < self.next_join {
             return;
         }
-        self.next_join = self.now + self.config.join_retry.as_millis() as u64;
+        self.next_join = self.now + retry;
         let unaware: Vec<&UniqueAddress> = self
             .gossip
             .members()
@@ -402,9 +412,9 @@ impl MembershipNode {
         if unaware.is_empty() {
             return;
         }
-        let to = unaware[self.reminders % unaware.len()].address.clone();
+        let to = unaware[self.reminders % unaware.len()].clone();
         self.reminders = self.reminders.wrapping_add(1);
-        out.push(Action::SendJoin(to));
+        out.push(Action::SendJoinReminder(to));
     }
 
     fn on_gossip(&mut self, from: UniqueAddress, remote: Gossip, out: &mut Vec<Action>) {
@@ -447,8 +457,9 @@ impl MembershipNode {
         if self.gossip.member(&from).is_none() {
             // A joiner that some member welcomed (its state holds this node, so it is of this
             // cluster) before this node heard of it. Its join counts here too: the member
-            // that welcomed it may have crashed before telling anyone, and the joiner,
-            // a member in its own view, would never retry.
+            // that welcomed it may have crashed before telling anyone, and the joiner, a
+            // member in its own view, sends no join requests (only reminders, to members
+            // that have not seen its state, from a while after its welcome on).
             if let Some(m) = remote.member(&from) {
                 if matches!(m.status, MemberStatus::Joining | MemberStatus::WeaklyUp)
                     && remote.member(&me).is_some()
@@ -641,17 +652,24 @@ impl MembershipNode {
     /// member this node knows nothing of (a joiner that slept past the removal of members
     /// and the pruning of their tombstones would bring them back).
     fn may_join_by_gossip(&self, joiner: &UniqueAddress, state: &Gossip) -> bool {
-        let replaces_a_live_one = self.gossip.members().any(|m| {
-            m.node != *joiner
-                && (m.node.address == joiner.address || m.node.node_id == joiner.node_id)
-                && m.status != MemberStatus::Down
-        });
+        let replaces_a_live_one = self.replaces_a_live_one(joiner);
         let strangers = state.members().any(|m| {
             m.node != *joiner
                 && self.gossip.member(&m.node).is_none()
                 && !self.gossip.is_tombstoned(&m.node)
         });
         !replaces_a_live_one && !strangers
+    }
+
+    /// Whether a member other than `joiner` with its address or node id is not `Down`: a
+    /// join would mark it `Down`, which only a join request (from a process that starts)
+    /// may do.
+    fn replaces_a_live_one(&self, joiner: &UniqueAddress) -> bool {
+        self.gossip.members().any(|m| {
+            m.node != *joiner
+                && (m.node.address == joiner.address || m.node.node_id == joiner.node_id)
+                && m.status != MemberStatus::Down
+        })
     }
 
     /// The wall-clock time now, in ms since the UNIX epoch.

@@ -29,6 +29,12 @@ pub enum Input {
     /// A join request arrived from a node, with its roles. Sent to itself, it forms a new
     /// cluster.
     Join(UniqueAddress, BTreeSet<String>),
+    /// A join reminder arrived from a node, with its roles: a joiner that is a member in its
+    /// own view asks this node, which has not seen its state, to take it in (see
+    /// [`Action::SendJoinReminder`]). Taken like a join request, except never in place of a
+    /// live member with the joiner's address or node id: a reminder may come from a process
+    /// that has been running (and paused) for long, not one that just started.
+    JoinReminder(UniqueAddress, BTreeSet<String>),
     /// Join an existing cluster through these seed addresses: a join request goes to every
     /// seed other than this node, again every `join_retry` on `Tick`, until a gossip that
     /// contains this node arrives. If this node is the first of the list, it forms a new
@@ -61,6 +67,10 @@ pub enum Action {
     },
     /// Send a join request with this node's roles to the node at an address.
     SendJoin(String),
+    /// Send a join reminder with this node's roles to a member, for its incarnation only (a
+    /// process restarted at its address drops it): this node, `Joining` or `WeaklyUp` in its
+    /// own view, has not been seen by that member.
+    SendJoinReminder(UniqueAddress),
     /// Publish an event to subscribers.
     Event(ClusterEvent),
     /// This node is `Down`, `Exiting` or removed: stop the process (or the cluster part).

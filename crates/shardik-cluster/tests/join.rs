@@ -191,9 +191,10 @@ fn two_joiners_whose_seed_crashes_right_after_welcoming_both_still_come_up() {
     });
 }
 
-/// A joiner asks the members that have not seen its state to take it in, one at a time
-/// every `join_retry`, and only during the first half of the tombstones' lifetime after its
-/// welcome (a joiner removed meanwhile must meet its tombstone, not come back).
+/// A joiner reminds the members that have not seen its state to take it in, one at a time
+/// every `join_retry` from two `join_retry` after its welcome on, and only during the first
+/// half of the tombstones' lifetime after its welcome (a joiner removed meanwhile must meet
+/// its tombstone, not come back).
 #[test]
 fn a_joiner_reminds_unaware_members_only_while_its_tombstone_would_stand() {
     use shardik_cluster::node::MembershipNode;
@@ -212,7 +213,8 @@ fn a_joiner_reminds_unaware_members_only_while_its_tombstone_would_stand() {
     let joins = |out: Vec<Action>| -> Vec<String> {
         out.into_iter()
             .filter_map(|a| match a {
-                Action::SendJoin(to) => Some(to),
+                Action::SendJoinReminder(to) => Some(to.address),
+                Action::SendJoin(to) => panic!("a join request to {to}"),
                 _ => None,
             })
             .collect()
@@ -226,8 +228,15 @@ fn a_joiner_reminds_unaware_members_only_while_its_tombstone_would_stand() {
         }
         joins(node.handle(Input::Tick(t)))
     };
+    for t in (1_000..3_000).step_by(500) {
+        assert_eq!(
+            tick(t),
+            Vec::<String>::new(),
+            "none within 2 s of the welcome"
+        );
+    }
     let mut asked = BTreeSet::new();
-    for t in (1_000..=3_000).step_by(500) {
+    for t in (3_000..=4_000).step_by(500) {
         let sent = tick(t);
         assert!(sent.len() <= 1, "one at a time: {sent:?}");
         asked.extend(sent);
@@ -238,11 +247,45 @@ fn a_joiner_reminds_unaware_members_only_while_its_tombstone_would_stand() {
         "the members that have not seen its state, in turn (not node 0, which welcomed it)"
     );
     // The window ends 5 s (half of 10 s) after the welcome at 1 s.
-    let late: Vec<String> = (3_500..6_000).step_by(500).flat_map(&mut tick).collect();
-    assert_eq!(late.len(), 2, "at 4 and 5 s: {late:?}");
+    let late: Vec<String> = (4_500..6_000).step_by(500).flat_map(&mut tick).collect();
+    assert_eq!(late.len(), 1, "at 5 s: {late:?}");
     for t in (6_000..=20_000).step_by(500) {
         assert_eq!(tick(t), Vec::<String>::new(), "at {t} ms");
     }
+}
+
+/// A join reminder takes a joiner in like a join request, but never in place of a live
+/// member with its node id or address (a reminder may come from a process that was paused
+/// while a replacement joined), and never a removed incarnation (its tombstone).
+#[test]
+fn a_join_reminder_never_takes_the_place_of_a_live_member() {
+    use shardik_cluster::protocol::Input;
+    let (mut sim, _) = Sim::cluster(4);
+    let live: Vec<UniqueAddress> = (0..4).map(|i| uid(i, 1)).collect();
+    // An older process with node 3's node id, elsewhere: node 3 stays up.
+    let older = UniqueAddress::new(addr(9), "n3", 7);
+    sim.input(
+        &addr(0),
+        Input::JoinReminder(older.clone(), BTreeSet::new()),
+    );
+    sim.run_for(3_000);
+    assert!(sim.status(0, &older).is_none());
+    assert!(sim.all_up(&[0, 1, 2, 3], &live));
+    // Node 3 crashes and is downed and removed: a reminder from it is refused.
+    sim.crash(3);
+    let rest = &live[..3];
+    sim.run_until(30_000, "node 3 removed", |s| {
+        s.all_up(&[0, 1, 2], rest) && s.status(0, &uid(3, 1)).is_none()
+    });
+    sim.input(&addr(0), Input::JoinReminder(uid(3, 1), BTreeSet::new()));
+    sim.run_for(3_000);
+    assert!(
+        sim.status(0, &uid(3, 1)).is_none(),
+        "its tombstone refused it"
+    );
+    // A joiner that replaces nobody is taken in.
+    sim.input(&addr(0), Input::JoinReminder(uid(5, 1), BTreeSet::new()));
+    assert_eq!(sim.status(0, &uid(5, 1)), Some(MemberStatus::Joining));
 }
 
 /// A joiner watches its peers from the welcome on, before they have heard of it. Heartbeats

@@ -142,6 +142,28 @@ async fn isolate_n0(
     within("n0's instance stops", 5, on_n0.wait_hosting(false)).await;
 }
 
+/// `n` nodes with fault injection and no downing for a minute (`stable_after`), the counter
+/// singleton started on every node, and its instance running on n0.
+async fn hosted_on_n0(
+    n: usize,
+) -> (
+    shardik_remote::FaultInjector,
+    Vec<Node>,
+    Arc<Witness>,
+    Vec<ClusterSingleton<Msg>>,
+) {
+    let faults = shardik_remote::FaultInjector::new();
+    let (nodes, _) = cluster_with(n, |i| {
+        config(&format!("n{i}"))
+            .faults(faults.clone())
+            .stable_after(Duration::from_secs(60))
+    })
+    .await;
+    let (witness, singletons) = start_everywhere(&nodes);
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    (faults, nodes, witness, singletons)
+}
+
 async fn within<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
     match tokio::time::timeout(Duration::from_secs(secs), f).await {
         Ok(v) => v,
@@ -437,15 +459,7 @@ async fn a_busy_instance_on_a_leaving_host_never_overlaps_the_next() {
 /// handled first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_around_a_fenced_host_reach_its_instance_when_it_runs_again() {
-    let faults = shardik_remote::FaultInjector::new();
-    let (nodes, _) = cluster_with(3, |i| {
-        config(&format!("n{i}"))
-            .faults(faults.clone())
-            .stable_after(Duration::from_secs(60))
-    })
-    .await;
-    let (witness, singletons) = start_everywhere(&nodes);
-    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let (faults, nodes, witness, singletons) = hosted_on_n0(3).await;
     let (p0, p1) = (singletons[0].proxy(), singletons[1].proxy());
     let n0 = nodes[0].id().clone();
     let knows = p1.wait_host(|h| h == Some(&n0));
@@ -469,6 +483,64 @@ async fn messages_around_a_fenced_host_reach_its_instance_when_it_runs_again() {
     .expect("the instance answers");
     assert_eq!(host, "n0");
     assert_eq!(got, vec![2, 1], "both reached the instance, n0's own first");
+    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
+    stop_all(&nodes).await;
+}
+
+/// A host fenced while the proxy's node still reaches it and nobody flags it (it cannot
+/// hear most of the cluster, one way): it says it stopped its instance (`Paused`), so the
+/// proxy sends to no node (`host()` is `None`) and buffers until the instance runs again,
+/// instead of sending to the stopped instance. Five nodes: n0 hears only n1, so it loses
+/// most of the peers it watches and is fenced, while everyone hears n0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_reaches_a_fenced_host_waits_for_its_instance() {
+    let (faults, nodes, witness, singletons) = hosted_on_n0(5).await;
+    let p1 = singletons[1].proxy();
+    let n0 = nodes[0].id().clone();
+    within(
+        "n1's proxy knows the host",
+        5,
+        p1.wait_host(|h| h == Some(&n0)),
+    )
+    .await;
+    for other in ["n2", "n3", "n4"] {
+        faults.cut(other, "n0");
+    }
+    let fenced = |s: &shardik_cluster::runtime::ClusterState| s.fenced;
+    wait(
+        &nodes[0].cluster,
+        "n0 fenced",
+        Duration::from_secs(10),
+        fenced,
+    )
+    .await;
+    within("n0's instance stops", 5, singletons[0].wait_hosting(false)).await;
+    within("n1's proxy pauses", 5, p1.wait_host(|h| h.is_none())).await;
+    assert!(
+        !nodes[1].cluster.state().unreachable.contains(&n0),
+        "nobody flags n0: the proxy paused on n0's word"
+    );
+    p1.tell(Msg::Add(1)).unwrap();
+    assert_eq!(p1.buffered(), 1);
+    faults.heal_all();
+    within("n0 hosts again", 20, singletons[0].wait_hosting(true)).await;
+    within(
+        "n1's proxy sends again",
+        10,
+        p1.wait_host(|h| h == Some(&n0)),
+    )
+    .await;
+    let (host, got) = within("the instance answers", 10, async {
+        p1.ask(Msg::Get, Duration::from_secs(5)).await
+    })
+    .await
+    .expect("the instance answers");
+    assert_eq!(host, "n0");
+    assert_eq!(
+        got,
+        vec![1],
+        "the message sent while n0 was fenced reached the instance"
+    );
     assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
     stop_all(&nodes).await;
 }

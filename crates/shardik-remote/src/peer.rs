@@ -415,7 +415,10 @@ impl Peer {
                         replaced.push(old.info.lane);
                     }
                     l.ended_at = None;
-                    // No old writer takes frames any more: what waits goes to the new one.
+                    // No old writer takes frames any more (also not that of a connection
+                    // that ended but has not released the lane yet): what waits goes to the
+                    // new incarnation.
+                    link.queue.unassign();
                     link.queue.queued_reply_ids(&mut queued);
                 }
                 Some(Restarted {

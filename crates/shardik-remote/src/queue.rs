@@ -125,6 +125,12 @@ impl OutQueue {
         }
     }
 
+    /// No connection's writer takes frames until the next [`assign`](Self::assign), whichever
+    /// was assigned (its connection ended, perhaps without having released the lane yet).
+    pub(crate) fn unassign(&self) {
+        self.inner.lock().writer = None;
+    }
+
     /// Takes the oldest segment, if any and if `writer` is the assigned connection.
     pub(crate) fn take(&self, writer: u64) -> Option<Segment> {
         let mut q = self.inner.lock();
@@ -279,6 +285,12 @@ mod tests {
         // An old connection ending does not take the lane from the new one.
         q.release(1);
         assert_eq!(&q.take(2).unwrap().bytes[..], b"2");
+        // Unassigned, no writer takes frames, not even the current one's.
+        q.unassign();
+        q.push(b"u").unwrap();
+        assert!(q.take(2).is_none());
+        q.assign(2);
+        assert_eq!(&q.take(2).unwrap().bytes[..], b"u");
         // The current one ending leaves frames for the next.
         q.release(2);
         q.push(b"3").unwrap();

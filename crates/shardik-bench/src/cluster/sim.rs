@@ -52,6 +52,10 @@ pub fn converge_ms(n: usize, cfg: &ClusterConfig) -> u64 {
                 Action::SendJoin(addr) => {
                     (addr, Input::Join(ids[from].clone(), Default::default()))
                 }
+                Action::SendJoinReminder(to) => (
+                    to.address,
+                    Input::JoinReminder(ids[from].clone(), Default::default()),
+                ),
                 Action::Event(_) | Action::ShutdownSelf => continue,
             };
             if let Some(t) = index(&to) {

@@ -234,7 +234,11 @@ impl Driver {
                 let at = self.at(at);
                 self.input(Input::WatchFrom { from, joining, at });
             }
-            Body::Join { roles } => self.input(Input::Join(from, roles)),
+            Body::Join { roles, reminder } => self.input(if reminder {
+                Input::JoinReminder(from, roles)
+            } else {
+                Input::Join(from, roles)
+            }),
             Body::InitJoin => {
                 let member = matches!(
                     self.node.status(),
@@ -364,7 +368,19 @@ impl Driver {
                 }
                 Action::SendJoin(addr) => {
                     let roles = self.cfg.roles.clone();
-                    self.send(&addr, None, Body::Join { roles })
+                    let body = Body::Join {
+                        roles,
+                        reminder: false,
+                    };
+                    self.send(&addr, None, body)
+                }
+                Action::SendJoinReminder(to) => {
+                    let roles = self.cfg.roles.clone();
+                    let body = Body::Join {
+                        roles,
+                        reminder: true,
+                    };
+                    self.send(&to.address, Some(to.incarnation), body)
                 }
                 Action::Event(e) => {
                     log_event(&self.me, &e);

@@ -333,11 +333,16 @@ impl<M: Serialize + Send + 'static> Shared<M> {
         self.host_tx.send_replace(Some(node));
     }
 
-    /// `node`, the host, announced itself again: send to it once it is reachable.
+    /// `node`, the host, announced itself again: send to it (once it is reachable).
     fn confirm_host(&self, node: &UniqueAddress) {
         let mut p = self.proxy.lock();
-        if p.host.as_ref().is_some_and(|(h, _)| h == node) {
+        if p.stale
+            && p.host.as_ref().is_some_and(|(h, _)| h == node)
+            && !self.cluster.state().unreachable.contains(node)
+        {
             p.stale = false;
+            drop(p);
+            self.host_tx.send_replace(Some(node.clone()));
         }
     }
 
@@ -346,7 +351,16 @@ impl<M: Serialize + Send + 'static> Shared<M> {
     fn pause_host_if(&self, node: &UniqueAddress) {
         let mut p = self.proxy.lock();
         if p.host.as_ref().is_some_and(|(h, _)| h == node) {
+            self.mark_stale(&mut p);
+        }
+    }
+
+    /// Buffers from now on until the host announces itself again; [`SingletonProxy::host`]
+    /// says `None` meanwhile (the proxy sends to no node).
+    fn mark_stale(&self, p: &mut ProxyState<M>) {
+        if !p.stale {
             p.stale = true;
+            self.host_tx.send_replace(None);
         }
     }
 
@@ -374,8 +388,9 @@ impl<M: Serialize + Send + 'static> Shared<M> {
             self.host_tx.send_replace(None);
             return false;
         }
-        if state.unreachable.contains(h) {
-            p.stale = true;
+        let unreachable = state.unreachable.contains(h);
+        if unreachable {
+            self.mark_stale(p);
         }
         !p.stale
     }
@@ -566,7 +581,9 @@ where
         }
     }
 
-    /// The node the proxy sends to now (`None`: it buffers).
+    /// The node the proxy sends to now (`None`: it buffers, because no instance is known,
+    /// or the host is unreachable or said it stopped its instance for a fence and has not
+    /// announced itself since).
     pub fn host(&self) -> Option<UniqueAddress> {
         self.shared.host_tx.borrow().clone()
     }

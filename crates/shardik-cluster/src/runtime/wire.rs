@@ -32,8 +32,14 @@ pub(crate) enum Body {
     /// heartbeat tick), whatever the recipient's view of the ring. `joining`: the sender is
     /// `Joining` or `WeaklyUp` in its own view.
     Watch { joining: bool },
-    /// Please add the sender as a joining member.
-    Join { roles: BTreeSet<String> },
+    /// Please add the sender as a joining member. `reminder`: the sender is a member in
+    /// its own view and has not been seen by the recipient (`Input::JoinReminder`); absent
+    /// in messages of nodes from before 2026-11-29.
+    Join {
+        roles: BTreeSet<String>,
+        #[serde(default)]
+        reminder: bool,
+    },
     /// Are you a member of a cluster? (seed node discovery)
     InitJoin,
     /// Yes: join through me.

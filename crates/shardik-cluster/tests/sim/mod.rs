@@ -21,6 +21,8 @@ pub enum Msg {
     Heartbeat,
     Watch(bool),
     Join(BTreeSet<String>),
+    /// A join reminder, for the recipient's incarnation only.
+    JoinReminder(BTreeSet<String>, u64),
 }
 
 pub struct SimNode {
@@ -230,12 +232,12 @@ impl Sim {
                         .push((from.clone(), to.address, Msg::Watch(joining)))
                 }
                 Action::SendJoin(to) => {
-                    let roles = self.nodes[a]
-                        .node
-                        .gossip()
-                        .member(&from)
-                        .map_or_else(BTreeSet::new, |m| m.roles.clone());
+                    let roles = self.roles_of(a);
                     self.in_flight.push((from.clone(), to, Msg::Join(roles)))
+                }
+                Action::SendJoinReminder(to) => {
+                    let msg = Msg::JoinReminder(self.roles_of(a), to.incarnation);
+                    self.in_flight.push((from.clone(), to.address, msg))
                 }
                 Action::Event(e) => {
                     let now = self.now;
@@ -248,6 +250,14 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// The roles of the node at `a` in its own view (none before it is a member).
+    fn roles_of(&self, a: &str) -> BTreeSet<String> {
+        let node = &self.nodes[a].node;
+        node.gossip()
+            .member(node.self_node())
+            .map_or_else(BTreeSet::new, |m| m.roles.clone())
     }
 
     /// Injects a gossip as if `from` had sent it to node `to`.
@@ -266,7 +276,8 @@ impl Sim {
             if matches!(msg, Msg::Heartbeat | Msg::Watch(_)) && self.hb_cuts.contains(&key) {
                 continue;
             }
-            if matches!(msg, Msg::Gossip(_) | Msg::Join(_)) && self.gossip_cuts.contains(&key) {
+            let news = matches!(msg, Msg::Gossip(_) | Msg::Join(_) | Msg::JoinReminder(..));
+            if news && self.gossip_cuts.contains(&key) {
                 continue;
             }
             let now = self.now;
@@ -283,6 +294,15 @@ impl Sim {
                     at: now,
                 },
                 Msg::Join(roles) => Input::Join(from, roles),
+                Msg::JoinReminder(roles, incarnation) => {
+                    // Like the runtime: for an earlier incarnation of the recipient, dropped.
+                    if self.nodes.get(&to).map(|n| n.node.self_node().incarnation)
+                        != Some(incarnation)
+                    {
+                        continue;
+                    }
+                    Input::JoinReminder(from, roles)
+                }
             };
             self.input(&to, input);
         }
