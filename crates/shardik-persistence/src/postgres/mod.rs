@@ -322,7 +322,7 @@ impl Journal for PostgresStore {
             let rows = self
                 .query(
                     &self.sql.read_events,
-                    &[&persistence_id, &to_i64(from_seq_nr), &max],
+                    &[&persistence_id, &crate::batch::sql_bound(from_seq_nr), &max],
                 )
                 .await?;
             Ok(rows
@@ -361,7 +361,7 @@ impl SnapshotStore for PostgresStore {
         max_seq_nr: u64,
     ) -> StoreFuture<'a, Option<SnapshotRecord>> {
         Box::pin(async move {
-            let max = i64::try_from(max_seq_nr).unwrap_or(i64::MAX);
+            let max = crate::batch::sql_bound(max_seq_nr);
             let rows = self
                 .query(&self.sql.load_snapshot, &[&persistence_id, &max])
                 .await?;

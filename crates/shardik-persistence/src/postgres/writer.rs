@@ -48,7 +48,8 @@ use super::known::Known;
 use super::sql::Sql;
 use super::{backend, connection_lost, pool_error, to_i64, to_u64};
 use crate::batch::{
-    plan, AnswerAsPanicked, Counters, Done, Op, Plan, Position, SnapshotStep, StateChange,
+    plan, sql_bound, AnswerAsPanicked, Counters, Done, Op, Plan, Position, SnapshotStep,
+    StateChange,
 };
 use crate::error::StoreError;
 use crate::rules::check_write;
@@ -672,7 +673,7 @@ async fn write_rows<'p, 'a: 'p>(
             pending.push(query(
                 client,
                 stmt,
-                vec![Box::new(*pid), Box::new(to_i64(*to))],
+                vec![Box::new(*pid), Box::new(sql_bound(*to))],
             ));
         }
     }
@@ -757,7 +758,7 @@ async fn write_rows<'p, 'a: 'p>(
             SnapshotStep::DeleteUpTo(pid, to) => query(
                 client,
                 delete_snapshots.as_ref().expect("prepared"),
-                vec![Box::new(*pid), Box::new(to_i64(*to))],
+                vec![Box::new(*pid), Box::new(sql_bound(*to))],
             ),
         });
     }

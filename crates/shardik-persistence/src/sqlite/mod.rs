@@ -23,7 +23,7 @@ use crate::batch::{Counters, Op, Reply, WriterStats};
 use crate::error::StoreError;
 use crate::record::{AppendRequest, PersistedEvent, SnapshotRecord, StateRecord, StateWrite};
 use crate::store::{Journal, SnapshotStore, StateStore, StoreFuture};
-use schema::{backend, connect, to_i64, to_u64};
+use schema::{backend, connect, to_u64};
 
 /// How hard SQLite flushes a commit to disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -232,7 +232,10 @@ impl Journal for SqliteStore {
                 "SELECT persistence_id, seq_nr, writer, type_name, version, payload FROM journal
                  WHERE persistence_id = ?1 AND seq_nr >= ?2 ORDER BY seq_nr LIMIT ?3",
             )?;
-            let rows = s.query_map(params![pid, to_i64(from_seq_nr), max], schema::event)?;
+            let rows = s.query_map(
+                params![pid, crate::batch::sql_bound(from_seq_nr), max],
+                schema::event,
+            )?;
             rows.collect()
         }))
     }
@@ -264,7 +267,7 @@ impl SnapshotStore for SqliteStore {
         max_seq_nr: u64,
     ) -> StoreFuture<'a, Option<SnapshotRecord>> {
         let pid = persistence_id.to_string();
-        let max = i64::try_from(max_seq_nr).unwrap_or(i64::MAX);
+        let max = crate::batch::sql_bound(max_seq_nr);
         Box::pin(self.read(move |c| {
             c.prepare_cached(
                 "SELECT persistence_id, seq_nr, type_name, version, payload FROM snapshots

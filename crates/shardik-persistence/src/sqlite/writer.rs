@@ -25,7 +25,9 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::schema::{backend, now_millis, to_i64, to_u64};
-use crate::batch::{plan, Counters, Done, Op, Plan, Position, RememberedPositions, SnapshotStep};
+use crate::batch::{
+    plan, sql_bound, Counters, Done, Op, Plan, Position, RememberedPositions, SnapshotStep,
+};
 
 const SELECT_STREAM: &str =
     "SELECT highest_seq_nr, writer FROM journal_meta WHERE persistence_id = ?1";
@@ -398,7 +400,7 @@ fn execute(c: &Connection, plan: &Plan<'_>) -> rusqlite::Result<()> {
     if !plan.event_deletes.is_empty() {
         let mut delete = c.prepare_cached(DELETE_EVENTS)?;
         for (pid, to) in &plan.event_deletes {
-            delete.execute(params![pid, to_i64(*to)])?;
+            delete.execute(params![pid, sql_bound(*to)])?;
         }
     }
     if !plan.events.is_empty() {
@@ -433,7 +435,7 @@ fn execute(c: &Connection, plan: &Plan<'_>) -> rusqlite::Result<()> {
             ])?,
             SnapshotStep::DeleteUpTo(pid, to) => c
                 .prepare_cached(DELETE_SNAPSHOTS)?
-                .execute(params![pid, to_i64(*to)])?,
+                .execute(params![pid, sql_bound(*to)])?,
         };
     }
     for s in &plan.states {

@@ -34,6 +34,7 @@ macro_rules! store_suite {
                 append_conflict_writes_nothing,
                 two_writers_one_id,
                 delete_keeps_the_position,
+                bounds_beyond_i64_mean_all_or_nothing,
                 snapshots_latest_and_deletion,
                 state_store_revisions,
                 schema_evolution_upcasts_old_events,

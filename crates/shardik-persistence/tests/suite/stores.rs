@@ -154,6 +154,38 @@ pub async fn delete_keeps_the_position<S: Store>(store: Arc<S>) {
     assert_eq!(store.append(append("d", 5, 1, &[6])).await, Ok(6));
 }
 
+/// Bounds above `i64::MAX` (`u64::MAX` for "all of them") mean what they say on every
+/// backend: SQL backends used to bit-cast them to a negative number, so deleting up to
+/// `u64::MAX` deleted nothing (and was acknowledged) and reading from it read everything.
+pub async fn bounds_beyond_i64_mean_all_or_nothing<S: Store>(store: Arc<S>) {
+    store.append(append("big", 0, 1, &[1, 2, 3])).await.unwrap();
+    assert!(amounts(&*store, "big", u64::MAX).await.is_empty());
+    assert!(amounts(&*store, "big", 1 << 63).await.is_empty());
+    store.delete_up_to("big", u64::MAX).await.unwrap();
+    assert!(amounts(&*store, "big", 1).await.is_empty());
+    assert_eq!(store.highest_seq_nr("big").await, Ok(3));
+    for seq_nr in [1, 3] {
+        let payload = Payload::encode_as("snap", 1, &seq_nr).unwrap();
+        let snapshot = SnapshotRecord {
+            persistence_id: "big".into(),
+            seq_nr,
+            payload,
+        };
+        store.save(snapshot).await.unwrap();
+    }
+    assert_eq!(
+        store
+            .load_at_most("big", u64::MAX)
+            .await
+            .unwrap()
+            .unwrap()
+            .seq_nr,
+        3
+    );
+    store.delete_snapshots_up_to("big", u64::MAX).await.unwrap();
+    assert_eq!(store.load_latest("big").await, Ok(None));
+}
+
 pub async fn snapshots_latest_and_deletion<S: Store>(store: Arc<S>) {
     assert_eq!(store.load_latest("s").await, Ok(None));
     for seq_nr in [10, 30, 20] {
