@@ -164,7 +164,7 @@ fn a_joiner_whose_seed_crashes_right_after_the_welcome_still_comes_up() {
 /// Two joiners welcomed by a member that crashes before telling anyone else: each one's
 /// state holds the other, whom the others know nothing of, so neither's gossip counts as
 /// its join there (a harmless state only). They ask the members that have not seen their
-/// state to take them in (a join request, every `join_retry` while they are not `Up`), and
+/// state to take them in (a join reminder, every `join_retry` while they are not `Up`), and
 /// come up. Before, both stayed `Joining` for good.
 #[test]
 fn two_joiners_whose_seed_crashes_right_after_welcoming_both_still_come_up() {

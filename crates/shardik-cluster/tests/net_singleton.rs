@@ -544,3 +544,56 @@ async fn a_proxy_that_reaches_a_fenced_host_waits_for_its_instance() {
     assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
     stop_all(&nodes).await;
 }
+
+/// A host that a member flags unreachable, while the proxy's node hears it: the proxy
+/// buffers until nobody flags the host, also when the host announces itself meanwhile (an
+/// announcement confirms a paused host only once it is reachable). The flagged host also
+/// fences itself once it hears of the flag (the other end of the broken link would down it),
+/// and runs its instance again after the heal, with the buffered message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_buffers_for_a_flagged_host_it_still_hears() {
+    let (faults, nodes, witness, singletons) = hosted_on_n0(3).await;
+    let p1 = singletons[1].proxy();
+    let n0 = nodes[0].id().clone();
+    within(
+        "n1's proxy knows the host",
+        5,
+        p1.wait_host(|h| h == Some(&n0)),
+    )
+    .await;
+    // n2 stops hearing n0 and flags it; n0 and n1 hear everyone.
+    faults.cut("n0", "n2");
+    wait(
+        &nodes[1].cluster,
+        "n1 sees n0 flagged",
+        Duration::from_secs(10),
+        |s| s.unreachable.contains(&n0),
+    )
+    .await;
+    within("n1's proxy pauses", 5, p1.wait_host(|h| h.is_none())).await;
+    p1.tell(Msg::Add(1)).unwrap();
+    // n0 announces itself every 500 ms meanwhile; none of that sends the message.
+    let announced_meanwhile = Instant::now();
+    while announced_meanwhile.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if nodes[1].cluster.state().unreachable.contains(&n0) {
+            assert_eq!(p1.buffered(), 1, "buffered while n0 is flagged");
+            assert_eq!(p1.host(), None);
+        }
+    }
+    faults.heal_all();
+    within(
+        "n1's proxy sends again",
+        10,
+        p1.wait_host(|h| h == Some(&n0)),
+    )
+    .await;
+    let (host, got) = within("the instance answers", 10, async {
+        p1.ask(Msg::Get, Duration::from_secs(5)).await
+    })
+    .await
+    .expect("the instance answers");
+    assert_eq!((host.as_str(), got), ("n0", vec![1]));
+    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
+    stop_all(&nodes).await;
+}

@@ -466,15 +466,16 @@ pub(crate) struct Counters {
     retries: AtomicU64,
 }
 
-/// A persistence id that makes a writer panic on the batch holding it (tests only).
 /// A sequence-number bound (`seq_nr <= to`, `seq_nr >= from`) as SQL's signed 64-bit
 /// integer. Stored numbers go through a bit-cast that round-trips every `u64`, but a bound
 /// above `i64::MAX` (`u64::MAX` for "all of them") would turn negative that way and compare
-/// below every stored number; no stored sequence number is that high, so it clamps.
+/// below every stored number. Events never reach such numbers (a stream would need 2^63
+/// appends), so it clamps.
 pub(crate) fn sql_bound(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+/// A persistence id that makes a writer panic on the batch holding it (tests only).
 #[cfg(test)]
 pub(crate) const PANIC_ID: &str = "panic-in-the-writer";
 

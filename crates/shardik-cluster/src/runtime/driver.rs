@@ -234,11 +234,8 @@ impl Driver {
                 let at = self.at(at);
                 self.input(Input::WatchFrom { from, joining, at });
             }
-            Body::Join { roles, reminder } => self.input(if reminder {
-                Input::JoinReminder(from, roles)
-            } else {
-                Input::Join(from, roles)
-            }),
+            Body::Join { roles } => self.input(Input::Join(from, roles)),
+            Body::JoinReminder { roles } => self.input(Input::JoinReminder(from, roles)),
             Body::InitJoin => {
                 let member = matches!(
                     self.node.status(),
@@ -368,18 +365,11 @@ impl Driver {
                 }
                 Action::SendJoin(addr) => {
                     let roles = self.cfg.roles.clone();
-                    let body = Body::Join {
-                        roles,
-                        reminder: false,
-                    };
-                    self.send(&addr, None, body)
+                    self.send(&addr, None, Body::Join { roles })
                 }
                 Action::SendJoinReminder(to) => {
                     let roles = self.cfg.roles.clone();
-                    let body = Body::Join {
-                        roles,
-                        reminder: true,
-                    };
+                    let body = Body::JoinReminder { roles };
                     self.send(&to.address, Some(to.incarnation), body)
                 }
                 Action::Event(e) => {

@@ -306,6 +306,9 @@ struct ProxyState<M> {
     stale: bool,
     buffer: VecDeque<M>,
     stopped: bool,
+    /// Whether the proxy sends to its host changed under the lock: publish it
+    /// ([`Shared::publish_host`]) once the lock is released.
+    dirty: bool,
 }
 
 struct Shared<M> {
@@ -327,10 +330,46 @@ impl<M: Serialize + Send + 'static> Shared<M> {
         while let Some(m) = p.buffer.pop_front() {
             target.tell(m);
         }
-        p.host = Some((node.clone(), target));
+        p.host = Some((node, target));
         p.stale = false;
         drop(p);
-        self.host_tx.send_replace(Some(node));
+        self.publish_host();
+    }
+
+    /// Publishes where the proxy sends now ([`SingletonProxy::host`]): its host unless it
+    /// has none or waits for it (stale). Computed under the watch's lock, then the proxy's
+    /// (the order of `wait_host` predicates that read the proxy), so concurrent publishers
+    /// leave the current value, whatever their order.
+    fn publish_host(&self) {
+        self.host_tx.send_if_modified(|sent| {
+            let mut p = self.proxy.lock();
+            p.dirty = false;
+            let now = match &p.host {
+                Some((h, _)) if !p.stale => Some(h.clone()),
+                _ => None,
+            };
+            let changed = *sent != now;
+            *sent = now;
+            changed
+        });
+    }
+
+    /// Publishes the host if something under the lock `p` changed it.
+    fn publish_if_dirty(&self, p: parking_lot::MutexGuard<'_, ProxyState<M>>) {
+        let dirty = p.dirty;
+        drop(p);
+        if dirty {
+            self.publish_host();
+        }
+    }
+
+    /// Whether the proxy's host is `node` (paused or not).
+    fn is_host(&self, node: &UniqueAddress) -> bool {
+        self.proxy
+            .lock()
+            .host
+            .as_ref()
+            .is_some_and(|(h, _)| h == node)
     }
 
     /// `node`, the host, announced itself again: send to it (once it is reachable).
@@ -342,7 +381,7 @@ impl<M: Serialize + Send + 'static> Shared<M> {
         {
             p.stale = false;
             drop(p);
-            self.host_tx.send_replace(Some(node.clone()));
+            self.publish_host();
         }
     }
 
@@ -351,16 +390,17 @@ impl<M: Serialize + Send + 'static> Shared<M> {
     fn pause_host_if(&self, node: &UniqueAddress) {
         let mut p = self.proxy.lock();
         if p.host.as_ref().is_some_and(|(h, _)| h == node) {
-            self.mark_stale(&mut p);
+            Self::mark_stale(&mut p);
         }
+        self.publish_if_dirty(p);
     }
 
     /// Buffers from now on until the host announces itself again; [`SingletonProxy::host`]
     /// says `None` meanwhile (the proxy sends to no node).
-    fn mark_stale(&self, p: &mut ProxyState<M>) {
+    fn mark_stale(p: &mut ProxyState<M>) {
         if !p.stale {
             p.stale = true;
-            self.host_tx.send_replace(None);
+            p.dirty = true;
         }
     }
 
@@ -369,7 +409,7 @@ impl<M: Serialize + Send + 'static> Shared<M> {
         if p.host.as_ref().is_some_and(|(h, _)| h == node) {
             p.host = None;
             drop(p);
-            self.host_tx.send_replace(None);
+            self.publish_host();
         }
     }
 
@@ -385,12 +425,12 @@ impl<M: Serialize + Send + 'static> Shared<M> {
             .is_some_and(|m| m.status == MemberStatus::Up);
         if !up {
             p.host = None;
-            self.host_tx.send_replace(None);
+            p.dirty = true;
             return false;
         }
         let unreachable = state.unreachable.contains(h);
         if unreachable {
-            self.mark_stale(p);
+            Self::mark_stale(p);
         }
         !p.stale
     }
@@ -398,15 +438,15 @@ impl<M: Serialize + Send + 'static> Shared<M> {
     /// Sends the buffered messages if the host can be reached now.
     fn flush(&self, state: &ClusterState) {
         let mut p = self.proxy.lock();
-        if p.buffer.is_empty() || !self.refresh(&mut p, state) {
-            return;
-        }
-        let p = &mut *p;
-        if let Some((_, target)) = &p.host {
-            while let Some(m) = p.buffer.pop_front() {
-                target.tell(m);
+        if self.refresh(&mut p, state) {
+            let p = &mut *p;
+            if let Some((_, target)) = &p.host {
+                while let Some(m) = p.buffer.pop_front() {
+                    target.tell(m);
+                }
             }
         }
+        self.publish_if_dirty(p);
     }
 }
 
@@ -461,6 +501,7 @@ where
                 stale: false,
                 buffer: VecDeque::new(),
                 stopped: false,
+                dirty: false,
             }),
             host_tx: watch::channel(None).0,
             hosting_tx: watch::channel(false).0,
@@ -532,11 +573,21 @@ where
     pub fn tell(&self, msg: M) -> Result<(), SingletonError> {
         let state = self.shared.cluster.state();
         let mut p = self.shared.proxy.lock();
+        let res = self.tell_locked(&mut p, &state, msg);
+        self.shared.publish_if_dirty(p);
+        res
+    }
+
+    fn tell_locked(
+        &self,
+        p: &mut ProxyState<M>,
+        state: &ClusterState,
+        msg: M,
+    ) -> Result<(), SingletonError> {
         if p.stopped || state.stopped.is_some() {
             return Err(SingletonError::Stopped(self.shared.settings.name.clone()));
         }
-        if self.shared.refresh(&mut p, &state) {
-            let p = &mut *p;
+        if self.shared.refresh(p, state) {
             if let Some((_, target)) = &p.host {
                 while let Some(m) = p.buffer.pop_front() {
                     target.tell(m);
@@ -655,7 +706,7 @@ where
         p.host = None;
         p.buffer.clear();
         drop(p);
-        self.shared.host_tx.send_replace(None);
+        self.shared.publish_host();
     }
 
     fn on_event(&mut self, e: ClusterEvent) {
@@ -689,12 +740,10 @@ where
                 let up = state
                     .member(&node)
                     .is_some_and(|m| m.status == MemberStatus::Up);
-                let known = self
-                    .shared
-                    .host_tx
-                    .borrow()
-                    .as_ref()
-                    .is_some_and(|h| *h == node);
+                // The proxy's own host, not what `host()` says: that is `None` while the
+                // proxy waits for this very announcement (a paused host), and a paused host
+                // is confirmed (sent to again only if reachable), not set anew.
+                let known = self.shared.is_host(&node);
                 if known {
                     self.shared.confirm_host(&node);
                 } else if up {

@@ -32,14 +32,13 @@ pub(crate) enum Body {
     /// heartbeat tick), whatever the recipient's view of the ring. `joining`: the sender is
     /// `Joining` or `WeaklyUp` in its own view.
     Watch { joining: bool },
-    /// Please add the sender as a joining member. `reminder`: the sender is a member in
-    /// its own view and has not been seen by the recipient (`Input::JoinReminder`); absent
-    /// in messages of nodes from before 2026-11-29.
-    Join {
-        roles: BTreeSet<String>,
-        #[serde(default)]
-        reminder: bool,
-    },
+    /// Please add the sender as a joining member.
+    Join { roles: BTreeSet<String> },
+    /// The sender, a member in its own view that the recipient has not seen, asks to be
+    /// taken in (`Input::JoinReminder`). A variant of its own, not a flag on `Join`: a node
+    /// from before 2026-11-29 cannot decode it and drops it, instead of taking it as a join
+    /// request, which may take the place of a live member.
+    JoinReminder { roles: BTreeSet<String> },
     /// Are you a member of a cluster? (seed node discovery)
     InitJoin,
     /// Yes: join through me.
