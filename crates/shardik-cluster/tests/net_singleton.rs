@@ -15,8 +15,10 @@ use netutil::*;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use shardik_actor::{Actor, ActorError, Context, Props, ReplyTo};
-use shardik_cluster::member::MemberStatus;
-use shardik_cluster::runtime::{Cluster, ClusterSingleton, SingletonError, SingletonSettings};
+use shardik_cluster::member::{MemberStatus, UniqueAddress};
+use shardik_cluster::runtime::{
+    Cluster, ClusterSingleton, SingletonError, SingletonProxy, SingletonSettings,
+};
 
 #[derive(Serialize, Deserialize)]
 enum Msg {
@@ -162,6 +164,32 @@ async fn hosted_on_n0(
     let (witness, singletons) = start_everywhere(&nodes);
     within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
     (faults, nodes, witness, singletons)
+}
+
+/// Waits until the proxy `p` sends to `host` (it knows it and is not paused).
+async fn sending_to(p: &SingletonProxy<Msg>, host: &UniqueAddress) {
+    within(
+        "the proxy sends to the host",
+        20,
+        p.wait_host(|h| h == Some(host)),
+    )
+    .await;
+}
+
+/// Heals every cut, waits until the proxy `p` sends to `host` again (its instance runs),
+/// and asks the instance where it runs and what it received.
+async fn heal_and_ask(
+    faults: &shardik_remote::FaultInjector,
+    p: &SingletonProxy<Msg>,
+    host: &UniqueAddress,
+) -> (String, Vec<u64>) {
+    faults.heal_all();
+    sending_to(p, host).await;
+    within("the instance answers", 10, async {
+        p.ask(Msg::Get, Duration::from_secs(5)).await
+    })
+    .await
+    .expect("the instance answers")
 }
 
 async fn within<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
@@ -497,12 +525,7 @@ async fn a_proxy_that_reaches_a_fenced_host_waits_for_its_instance() {
     let (faults, nodes, witness, singletons) = hosted_on_n0(5).await;
     let p1 = singletons[1].proxy();
     let n0 = nodes[0].id().clone();
-    within(
-        "n1's proxy knows the host",
-        5,
-        p1.wait_host(|h| h == Some(&n0)),
-    )
-    .await;
+    sending_to(&p1, &n0).await;
     for other in ["n2", "n3", "n4"] {
         faults.cut(other, "n0");
     }
@@ -522,19 +545,7 @@ async fn a_proxy_that_reaches_a_fenced_host_waits_for_its_instance() {
     );
     p1.tell(Msg::Add(1)).unwrap();
     assert_eq!(p1.buffered(), 1);
-    faults.heal_all();
-    within("n0 hosts again", 20, singletons[0].wait_hosting(true)).await;
-    within(
-        "n1's proxy sends again",
-        10,
-        p1.wait_host(|h| h == Some(&n0)),
-    )
-    .await;
-    let (host, got) = within("the instance answers", 10, async {
-        p1.ask(Msg::Get, Duration::from_secs(5)).await
-    })
-    .await
-    .expect("the instance answers");
+    let (host, got) = heal_and_ask(&faults, &p1, &n0).await;
     assert_eq!(host, "n0");
     assert_eq!(
         got,
@@ -555,12 +566,7 @@ async fn a_proxy_buffers_for_a_flagged_host_it_still_hears() {
     let (faults, nodes, witness, singletons) = hosted_on_n0(3).await;
     let p1 = singletons[1].proxy();
     let n0 = nodes[0].id().clone();
-    within(
-        "n1's proxy knows the host",
-        5,
-        p1.wait_host(|h| h == Some(&n0)),
-    )
-    .await;
+    sending_to(&p1, &n0).await;
     // n2 stops hearing n0 and flags it; n0 and n1 hear everyone.
     faults.cut("n0", "n2");
     wait(
@@ -581,18 +587,7 @@ async fn a_proxy_buffers_for_a_flagged_host_it_still_hears() {
             assert_eq!(p1.host(), None);
         }
     }
-    faults.heal_all();
-    within(
-        "n1's proxy sends again",
-        10,
-        p1.wait_host(|h| h == Some(&n0)),
-    )
-    .await;
-    let (host, got) = within("the instance answers", 10, async {
-        p1.ask(Msg::Get, Duration::from_secs(5)).await
-    })
-    .await
-    .expect("the instance answers");
+    let (host, got) = heal_and_ask(&faults, &p1, &n0).await;
     assert_eq!((host.as_str(), got), ("n0", vec![1]));
     assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
     stop_all(&nodes).await;
