@@ -113,3 +113,41 @@ fn sorted(nodes: &[Node]) -> Vec<String> {
     ids.sort();
     ids.into_iter().map(|n| n.node_id).collect()
 }
+
+/// A member whose request could not be built (its `make` panicked in the ask's task) is
+/// reported missing, not left out of both lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_request_panicked_is_reported_missing() {
+    let (nodes, _) = cluster_of(2, None).await;
+    let a = nodes[1].system.spawn(Notebook {
+        node: "n1".into(),
+        notes: Vec::new(),
+    });
+    let _on_n1 = ClusterBroadcast::register(&nodes[1].cluster, "/user/notebook", a);
+    // n0 has no instance: its own entry is missing for that; n1's request panics.
+    let from_n0: ClusterBroadcast<Msg> = ClusterBroadcast::new(&nodes[0].cluster, "/user/notebook");
+    let r = from_n0
+        .ask(
+            |_reply: ReplyTo<(String, Vec<String>)>| -> Msg { panic!("no request today") },
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(r.replies.is_empty());
+    let missing: Vec<(&str, &AskError)> = r
+        .missing
+        .iter()
+        .map(|(n, e)| (n.node_id.as_str(), e))
+        .collect();
+    assert_eq!(
+        missing.len(),
+        2,
+        "both members are accounted for: {missing:?}"
+    );
+    assert!(
+        missing
+            .iter()
+            .any(|m| matches!(m, ("n1", AskError::Undeliverable(why)) if why.contains("panicked"))),
+        "{missing:?}"
+    );
+    stop_all(&nodes).await;
+}

@@ -36,7 +36,10 @@
 //! missing in an [`ask`](ClusterBroadcast::ask). Delivery to each member is at most once, like
 //! every remote tell. A member that crashed but is not yet `Down` is still `Up`: a tell to it
 //! is lost and an ask reports it missing (timeout, or undeliverable if its connection is
-//! known to be gone).
+//! known to be gone). Every member asked is in the replies or among the missing, also when
+//! building its request panicked. Members are addressed by address: a process restarted on
+//! a crashed member's address before this node hears of its join answers for the crashed
+//! incarnation (its instance is registered at the same path).
 
 use std::fmt;
 use std::time::Duration;
@@ -167,6 +170,9 @@ where
     {
         let self_node = self.cluster.self_node().clone();
         let mut tasks = JoinSet::new();
+        // Whom each task asks: a task that fails (the request's `make` panicked on it, or the
+        // runtime is shutting down) still reports its member missing.
+        let mut asked = std::collections::HashMap::new();
         let mut missing = Vec::new();
         for node in self.members() {
             if node == self_node {
@@ -182,30 +188,38 @@ where
                     missing.push((node, AskError::from(e)));
                     continue;
                 }
-                tasks.spawn(async move {
-                    let r = match tokio::time::timeout(timeout, rx).await {
+                let task = tasks.spawn(async move {
+                    match tokio::time::timeout(timeout, rx).await {
                         Ok(Ok(v)) => Ok(v),
                         Ok(Err(_)) => Err(AskError::NoReply),
                         Err(_) => Err(AskError::Timeout(timeout)),
-                    };
-                    (node, r)
+                    }
                 });
+                asked.insert(task.id(), node);
             } else {
                 let to = self.cluster.remote().lookup::<M>(&self.path, &node.address);
                 let make = make.clone();
-                tasks.spawn(async move {
-                    let r = to.ask(make, timeout).await;
-                    (node, r)
-                });
+                let task = tasks.spawn(async move { to.ask(make, timeout).await });
+                asked.insert(task.id(), node);
             }
         }
         let mut replies = Vec::new();
-        while let Some(res) = tasks.join_next().await {
-            if let Ok((node, r)) = res {
-                match r {
-                    Ok(v) => replies.push((node, v)),
-                    Err(e) => missing.push((node, e)),
+        while let Some(res) = tasks.join_next_with_id().await {
+            let (id, r) = match res {
+                Ok((id, r)) => (id, r),
+                Err(e) => {
+                    let why = if e.is_panic() {
+                        "building or sending the request panicked"
+                    } else {
+                        "the ask was cancelled (the runtime is shutting down)"
+                    };
+                    (e.id(), Err(AskError::Undeliverable(why.into())))
                 }
+            };
+            let node = asked.remove(&id).expect("every task asks one member");
+            match r {
+                Ok(v) => replies.push((node, v)),
+                Err(e) => missing.push((node, e)),
             }
         }
         replies.sort_by(|a, b| a.0.cmp(&b.0));
