@@ -39,6 +39,16 @@ impl Registry {
         map.remove(path).is_some()
     }
 
+    /// Removes the registration at `path` if it is still `decoder` (not one made since).
+    pub(crate) fn remove_if_same(&self, path: &str, decoder: &Decoder) -> bool {
+        let mut map = self.map.write();
+        if !map.get(path).is_some_and(|d| Arc::ptr_eq(d, decoder)) {
+            return false;
+        }
+        self.generation.fetch_add(1, Ordering::Release);
+        map.remove(path).is_some()
+    }
+
     pub(crate) fn get(&self, path: &str) -> Option<Decoder> {
         self.map.read().get(path).cloned()
     }
@@ -112,6 +122,25 @@ mod tests {
             seen.lock().push(tag);
             Ok(())
         })
+    }
+
+    /// The end of an actor removes its own registration only, not one made at its path
+    /// since (by another actor), and the lookup caches see the removal.
+    #[test]
+    fn removal_if_same_leaves_a_newer_registration() {
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let reg = Registry::default();
+        let (old, new) = (decoder(1, seen.clone()), decoder(2, seen.clone()));
+        reg.insert("/user/a", old.clone());
+        reg.insert("/user/a", new.clone());
+        assert!(!reg.remove_if_same("/user/a", &old));
+        assert!(reg.get("/user/a").is_some_and(|d| Arc::ptr_eq(&d, &new)));
+        let path: Arc<str> = "/user/a".into();
+        let mut cache = LookupCache::default();
+        assert!(reg.get_cached(&path, &mut cache).is_some());
+        assert!(reg.remove_if_same("/user/a", &new));
+        assert!(reg.get_cached(&path, &mut cache).is_none());
+        assert!(!reg.remove_if_same("/user/a", &new));
     }
 
     /// The per-connection cache answers repeats, and never outlives a change of the

@@ -160,6 +160,10 @@ impl Remote {
 
     /// Makes `actor` reachable from other nodes at `path`; messages are decoded as `M`.
     /// Returns true if it replaced an earlier registration.
+    ///
+    /// The registration ends by itself once the actor has terminated (unless `path` was
+    /// registered anew meanwhile): messages to the path then fail as for a path nobody
+    /// registered, and paths of short-lived actors do not accumulate.
     pub fn register<M>(&self, path: &str, actor: ActorRef<M>) -> bool
     where
         M: DeserializeOwned + Send + 'static,
@@ -167,10 +171,24 @@ impl Remote {
         let decoder = typed_decoder(
             self.node.system.clone(),
             path.into(),
-            actor,
+            actor.clone(),
             self.node.cfg.payload_format.clone(),
         );
-        self.node.registry.insert(path, decoder).is_some()
+        let replaced = self.node.registry.insert(path, decoder.clone()).is_some();
+        let node = Arc::downgrade(&self.node);
+        let path = path.to_string();
+        self.node.system.runtime().spawn(async move {
+            actor.terminated().await;
+            if let Some(node) = node.upgrade() {
+                node.registry.remove_if_same(&path, &decoder);
+            }
+        });
+        replaced
+    }
+
+    /// Whether a local actor or decoder is registered at `path`.
+    pub fn is_registered(&self, path: &str) -> bool {
+        self.node.registry.get(path).is_some()
     }
 
     /// Registers a hand-written decoder at `path` (adapters, routers). It runs on the

@@ -347,3 +347,29 @@ async fn a_looped_back_reply_handle_in_a_message_too_large_to_send_fails_the_ask
     let to_a = b.lookup::<Echo>("/user/echo", a.addr());
     assert_eq!(to_a.ask(|reply| Echo::Inc { n: 4, reply }, T).await, Ok(5));
 }
+
+/// A registration ends with its actor: the path is then unknown, as if never registered
+/// (asks fail at once), and paths of short-lived actors do not accumulate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_ends_when_its_actor_stops() {
+    let (_sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    let (seen, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let short = sys_b.spawn(EchoActor { seen });
+    assert!(!b.register("/user/short", short.clone()));
+    let to = a.lookup::<Echo>("/user/short", b.addr());
+    assert_eq!(to.ask(|reply| Echo::Inc { n: 1, reply }, T).await, Ok(2));
+    short.stop();
+    short.terminated().await;
+    tokio::time::timeout(T, async {
+        while b.is_registered("/user/short") {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the registration ends soon after its actor");
+    assert!(matches!(
+        to.ask(|reply| Echo::Inc { n: 2, reply }, T).await,
+        Err(AskError::Undeliverable(_))
+    ));
+}
