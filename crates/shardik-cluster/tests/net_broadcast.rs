@@ -123,15 +123,10 @@ async fn a_member_whose_request_panicked_is_reported_missing() {
         node: "n1".into(),
         notes: Vec::new(),
     });
-    let _on_n1 = ClusterBroadcast::register(&nodes[1].cluster, "/user/notebook", a);
+    let on_n1 = ClusterBroadcast::register(&nodes[1].cluster, "/user/notebook", a);
     // n0 has no instance: its own entry is missing for that; n1's request panics.
     let from_n0: ClusterBroadcast<Msg> = ClusterBroadcast::new(&nodes[0].cluster, "/user/notebook");
-    let r = from_n0
-        .ask(
-            |_reply: ReplyTo<(String, Vec<String>)>| -> Msg { panic!("no request today") },
-            Duration::from_secs(5),
-        )
-        .await;
+    let r = ask_panicking(&from_n0).await;
     assert!(r.replies.is_empty());
     let missing: Vec<(&str, &AskError)> = r
         .missing
@@ -149,5 +144,27 @@ async fn a_member_whose_request_panicked_is_reported_missing() {
             .any(|m| matches!(m, ("n1", AskError::Undeliverable(why)) if why.contains("panicked"))),
         "{missing:?}"
     );
+    // From n1, whose own instance's request is built on the caller: both reported too.
+    let r = ask_panicking(&on_n1).await;
+    assert!(r.replies.is_empty());
+    assert_eq!(r.missing.len(), 2, "{:?}", r.missing);
+    let panicked =
+        |e: &AskError| matches!(e, AskError::Undeliverable(why) if why.contains("panicked"));
+    assert!(
+        r.missing.iter().all(|(_, e)| panicked(e)),
+        "{:?}",
+        r.missing
+    );
     stop_all(&nodes).await;
+}
+
+/// Asks with a request whose building panics.
+async fn ask_panicking(
+    cast: &ClusterBroadcast<Msg>,
+) -> shardik_cluster::runtime::BroadcastReplies<(String, Vec<String>)> {
+    cast.ask(
+        |_reply: ReplyTo<(String, Vec<String>)>| -> Msg { panic!("no request today") },
+        Duration::from_secs(5),
+    )
+    .await
 }

@@ -144,16 +144,28 @@ async fn isolate_n0(
     within("n0's instance stops", 5, on_n0.wait_hosting(false)).await;
 }
 
+/// A cluster whose singleton instance runs on n0 (see [`hosted_on_n0`]).
+struct Hosted {
+    faults: shardik_remote::FaultInjector,
+    nodes: Vec<Node>,
+    witness: Arc<Witness>,
+    singletons: Vec<ClusterSingleton<Msg>>,
+    /// n1's proxy, which sends to n0.
+    p1: SingletonProxy<Msg>,
+    n0: UniqueAddress,
+}
+
+impl Hosted {
+    /// Checks that there never were two instances at once, and stops the nodes.
+    async fn end(self) {
+        assert_eq!(self.witness.max_alive.load(Ordering::SeqCst), 1);
+        stop_all(&self.nodes).await;
+    }
+}
+
 /// `n` nodes with fault injection and no downing for a minute (`stable_after`), the counter
-/// singleton started on every node, and its instance running on n0.
-async fn hosted_on_n0(
-    n: usize,
-) -> (
-    shardik_remote::FaultInjector,
-    Vec<Node>,
-    Arc<Witness>,
-    Vec<ClusterSingleton<Msg>>,
-) {
+/// singleton started on every node, its instance running on n0, and n1's proxy sending to it.
+async fn hosted_on_n0(n: usize) -> Hosted {
     let faults = shardik_remote::FaultInjector::new();
     let (nodes, _) = cluster_with(n, |i| {
         config(&format!("n{i}"))
@@ -163,7 +175,17 @@ async fn hosted_on_n0(
     .await;
     let (witness, singletons) = start_everywhere(&nodes);
     within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
-    (faults, nodes, witness, singletons)
+    let p1 = singletons[1].proxy();
+    let n0 = nodes[0].id().clone();
+    sending_to(&p1, &n0).await;
+    Hosted {
+        faults,
+        nodes,
+        witness,
+        singletons,
+        p1,
+        n0,
+    }
 }
 
 /// Waits until the proxy `p` sends to `host` (it knows it and is not paused).
@@ -487,32 +509,33 @@ async fn a_busy_instance_on_a_leaving_host_never_overlaps_the_next() {
 /// handled first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_around_a_fenced_host_reach_its_instance_when_it_runs_again() {
-    let (faults, nodes, witness, singletons) = hosted_on_n0(3).await;
-    let (p0, p1) = (singletons[0].proxy(), singletons[1].proxy());
-    let n0 = nodes[0].id().clone();
-    let knows = p1.wait_host(|h| h == Some(&n0));
-    within("n1's proxy knows the host", 5, knows).await;
-    isolate_n0(&faults, &nodes, &singletons[0]).await;
+    let hosted = hosted_on_n0(3).await;
+    let p0 = hosted.singletons[0].proxy();
+    isolate_n0(&hosted.faults, &hosted.nodes, &hosted.singletons[0]).await;
     wait(
-        &nodes[1].cluster,
+        &hosted.nodes[1].cluster,
         "n1 sees n0 unreachable",
         Duration::from_secs(10),
-        |s| s.unreachable.contains(&n0),
+        |s| s.unreachable.contains(&hosted.n0),
     )
     .await;
-    p1.tell(Msg::Add(1)).unwrap();
+    hosted.p1.tell(Msg::Add(1)).unwrap();
     p0.tell(Msg::Add(2)).unwrap();
-    faults.heal_all();
-    within("n0 hosts again", 20, singletons[0].wait_hosting(true)).await;
+    hosted.faults.heal_all();
+    within(
+        "n0 hosts again",
+        20,
+        hosted.singletons[0].wait_hosting(true),
+    )
+    .await;
     let (host, got) = within("the instance answers", 10, async {
-        p1.ask(Msg::Get, Duration::from_secs(5)).await
+        hosted.p1.ask(Msg::Get, Duration::from_secs(5)).await
     })
     .await
     .expect("the instance answers");
     assert_eq!(host, "n0");
     assert_eq!(got, vec![2, 1], "both reached the instance, n0's own first");
-    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
-    stop_all(&nodes).await;
+    hosted.end().await;
 }
 
 /// A host fenced while the proxy's node still reaches it and nobody flags it (it cannot
@@ -522,38 +545,43 @@ async fn messages_around_a_fenced_host_reach_its_instance_when_it_runs_again() {
 /// most of the peers it watches and is fenced, while everyone hears n0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_that_reaches_a_fenced_host_waits_for_its_instance() {
-    let (faults, nodes, witness, singletons) = hosted_on_n0(5).await;
-    let p1 = singletons[1].proxy();
-    let n0 = nodes[0].id().clone();
-    sending_to(&p1, &n0).await;
+    let hosted = hosted_on_n0(5).await;
     for other in ["n2", "n3", "n4"] {
-        faults.cut(other, "n0");
+        hosted.faults.cut(other, "n0");
     }
     let fenced = |s: &shardik_cluster::runtime::ClusterState| s.fenced;
     wait(
-        &nodes[0].cluster,
+        &hosted.nodes[0].cluster,
         "n0 fenced",
         Duration::from_secs(10),
         fenced,
     )
     .await;
-    within("n0's instance stops", 5, singletons[0].wait_hosting(false)).await;
-    within("n1's proxy pauses", 5, p1.wait_host(|h| h.is_none())).await;
+    within(
+        "n0's instance stops",
+        5,
+        hosted.singletons[0].wait_hosting(false),
+    )
+    .await;
+    within("n1's proxy pauses", 5, hosted.p1.wait_host(|h| h.is_none())).await;
     assert!(
-        !nodes[1].cluster.state().unreachable.contains(&n0),
+        !hosted.nodes[1]
+            .cluster
+            .state()
+            .unreachable
+            .contains(&hosted.n0),
         "nobody flags n0: the proxy paused on n0's word"
     );
-    p1.tell(Msg::Add(1)).unwrap();
-    assert_eq!(p1.buffered(), 1);
-    let (host, got) = heal_and_ask(&faults, &p1, &n0).await;
+    hosted.p1.tell(Msg::Add(1)).unwrap();
+    assert_eq!(hosted.p1.buffered(), 1);
+    let (host, got) = heal_and_ask(&hosted.faults, &hosted.p1, &hosted.n0).await;
     assert_eq!(host, "n0");
     assert_eq!(
         got,
         vec![1],
         "the message sent while n0 was fenced reached the instance"
     );
-    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
-    stop_all(&nodes).await;
+    hosted.end().await;
 }
 
 /// A host that a member flags unreachable, while the proxy's node hears it: the proxy
@@ -563,32 +591,33 @@ async fn a_proxy_that_reaches_a_fenced_host_waits_for_its_instance() {
 /// and runs its instance again after the heal, with the buffered message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_buffers_for_a_flagged_host_it_still_hears() {
-    let (faults, nodes, witness, singletons) = hosted_on_n0(3).await;
-    let p1 = singletons[1].proxy();
-    let n0 = nodes[0].id().clone();
-    sending_to(&p1, &n0).await;
+    let hosted = hosted_on_n0(3).await;
     // n2 stops hearing n0 and flags it; n0 and n1 hear everyone.
-    faults.cut("n0", "n2");
+    hosted.faults.cut("n0", "n2");
     wait(
-        &nodes[1].cluster,
+        &hosted.nodes[1].cluster,
         "n1 sees n0 flagged",
         Duration::from_secs(10),
-        |s| s.unreachable.contains(&n0),
+        |s| s.unreachable.contains(&hosted.n0),
     )
     .await;
-    within("n1's proxy pauses", 5, p1.wait_host(|h| h.is_none())).await;
-    p1.tell(Msg::Add(1)).unwrap();
+    within("n1's proxy pauses", 5, hosted.p1.wait_host(|h| h.is_none())).await;
+    hosted.p1.tell(Msg::Add(1)).unwrap();
     // n0 announces itself every 500 ms meanwhile; none of that sends the message.
     let announced_meanwhile = Instant::now();
     while announced_meanwhile.elapsed() < Duration::from_secs(2) {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if nodes[1].cluster.state().unreachable.contains(&n0) {
-            assert_eq!(p1.buffered(), 1, "buffered while n0 is flagged");
-            assert_eq!(p1.host(), None);
+        if hosted.nodes[1]
+            .cluster
+            .state()
+            .unreachable
+            .contains(&hosted.n0)
+        {
+            assert_eq!(hosted.p1.buffered(), 1, "buffered while n0 is flagged");
+            assert_eq!(hosted.p1.host(), None);
         }
     }
-    let (host, got) = heal_and_ask(&faults, &p1, &n0).await;
+    let (host, got) = heal_and_ask(&hosted.faults, &hosted.p1, &hosted.n0).await;
     assert_eq!((host.as_str(), got), ("n0", vec![1]));
-    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1);
-    stop_all(&nodes).await;
+    hosted.end().await;
 }

@@ -15,9 +15,26 @@ use crate::error::DecodeError;
 /// Decodes a payload into the recipient's message type and delivers it.
 pub type Decoder = Arc<dyn Fn(&[u8]) -> Result<(), DecodeError> + Send + Sync>;
 
+/// A registration: its decoder, and for an actor registered with
+/// [`Remote::register`](crate::Remote::register) the task that ends the registration when
+/// the actor terminates, aborted when the registration ends otherwise (removed or replaced),
+/// so registering and unregistering a long-lived actor over and over leaves no tasks behind.
+struct Entry {
+    decoder: Decoder,
+    watcher: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if let Some(w) = &self.watcher {
+            w.abort();
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Registry {
-    map: RwLock<HashMap<Arc<str>, Decoder>>,
+    map: RwLock<HashMap<Arc<str>, Entry>>,
     /// Bumped by every change of `map`: invalidates the per-thread lookup caches.
     generation: AtomicU64,
 }
@@ -27,30 +44,58 @@ pub(crate) struct Registry {
 pub(crate) struct LookupCache(Option<(u64, Arc<str>, Decoder)>);
 
 impl Registry {
-    pub(crate) fn insert(&self, path: &str, decoder: Decoder) -> Option<Decoder> {
+    /// Registers `decoder` at `path`; returns whether it replaced a registration (whose
+    /// watcher, if any, is aborted).
+    pub(crate) fn insert(&self, path: &str, decoder: Decoder) -> bool {
+        let entry = Entry {
+            decoder,
+            watcher: None,
+        };
+        let old = {
+            let mut map = self.map.write();
+            self.generation.fetch_add(1, Ordering::Release);
+            map.insert(path.into(), entry)
+        };
+        old.is_some()
+    }
+
+    /// Gives the registration at `path`, if it is still `decoder`, the task that ends it
+    /// when its actor terminates; otherwise aborts that task (the registration ended).
+    pub(crate) fn watch(&self, path: &str, decoder: &Decoder, watcher: tokio::task::AbortHandle) {
         let mut map = self.map.write();
-        self.generation.fetch_add(1, Ordering::Release);
-        map.insert(path.into(), decoder)
+        match map.get_mut(path) {
+            Some(e) if Arc::ptr_eq(&e.decoder, decoder) => e.watcher = Some(watcher),
+            _ => watcher.abort(),
+        }
     }
 
     pub(crate) fn remove(&self, path: &str) -> bool {
-        let mut map = self.map.write();
-        self.generation.fetch_add(1, Ordering::Release);
-        map.remove(path).is_some()
+        let old = {
+            let mut map = self.map.write();
+            self.generation.fetch_add(1, Ordering::Release);
+            map.remove(path)
+        };
+        old.is_some()
     }
 
     /// Removes the registration at `path` if it is still `decoder` (not one made since).
     pub(crate) fn remove_if_same(&self, path: &str, decoder: &Decoder) -> bool {
-        let mut map = self.map.write();
-        if !map.get(path).is_some_and(|d| Arc::ptr_eq(d, decoder)) {
-            return false;
-        }
-        self.generation.fetch_add(1, Ordering::Release);
-        map.remove(path).is_some()
+        let old = {
+            let mut map = self.map.write();
+            if !map
+                .get(path)
+                .is_some_and(|e| Arc::ptr_eq(&e.decoder, decoder))
+            {
+                return false;
+            }
+            self.generation.fetch_add(1, Ordering::Release);
+            map.remove(path)
+        };
+        old.is_some()
     }
 
     pub(crate) fn get(&self, path: &str) -> Option<Decoder> {
-        self.map.read().get(path).cloned()
+        self.map.read().get(path).map(|e| e.decoder.clone())
     }
 
     /// Like [`get`](Self::get), answered from `cache` (one connection's last lookup) when

@@ -174,15 +174,18 @@ impl Remote {
             actor.clone(),
             self.node.cfg.payload_format.clone(),
         );
-        let replaced = self.node.registry.insert(path, decoder.clone()).is_some();
+        let replaced = self.node.registry.insert(path, decoder.clone());
         let node = Arc::downgrade(&self.node);
-        let path = path.to_string();
-        self.node.system.runtime().spawn(async move {
+        let (at, watched) = (path.to_string(), decoder.clone());
+        let watcher = self.node.system.runtime().spawn(async move {
             actor.terminated().await;
             if let Some(node) = node.upgrade() {
-                node.registry.remove_if_same(&path, &decoder);
+                node.registry.remove_if_same(&at, &watched);
             }
         });
+        self.node
+            .registry
+            .watch(path, &decoder, watcher.abort_handle());
         replaced
     }
 
@@ -195,7 +198,7 @@ impl Remote {
     /// connection's reader task: it must not block. It decodes the payload with
     /// [`decode_payload`](crate::decode_payload), which uses this node's payload format.
     pub fn register_decoder(&self, path: &str, decoder: Decoder) -> bool {
-        self.node.registry.insert(path, decoder).is_some()
+        self.node.registry.insert(path, decoder)
     }
 
     /// Removes the registration at `path`. Returns true if there was one.

@@ -290,9 +290,11 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
     ///
     /// Errors: [`AskError::Timeout`] when no answer came in time (also when the node is
     /// unreachable); [`AskError::NoReply`] when the recipient dropped the `ReplyTo`
-    /// unanswered; [`AskError::Stopped`] / [`AskError::MailboxFull`] when the recipient
-    /// refused the message; [`AskError::Undeliverable`] when the request could not be sent or
-    /// delivered (unknown path, payload that does not decode there, full queue, peer restarted).
+    /// unanswered; [`AskError::MailboxFull`] (or [`AskError::Stopped`], in the moment
+    /// before a stopped actor's registration ends) when the recipient refused the message;
+    /// [`AskError::Undeliverable`] when the request could not be sent or delivered (unknown
+    /// path, as once its actor stopped; payload that does not decode there, full queue, peer
+    /// restarted).
     pub async fn ask<R>(
         &self,
         make: impl FnOnce(ReplyTo<R>) -> M,

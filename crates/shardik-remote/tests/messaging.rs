@@ -373,3 +373,34 @@ async fn a_registration_ends_when_its_actor_stops() {
         Err(AskError::Undeliverable(_))
     ));
 }
+
+/// Registering and unregistering a long-lived actor over and over leaves nothing behind:
+/// the task that would end each registration with the actor ends with the registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registering_and_unregistering_a_live_actor_leaves_no_tasks_behind() {
+    let (sys, remote) = node("a").await;
+    let (seen, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let long_lived = sys.spawn(EchoActor { seen });
+    let metrics = tokio::runtime::Handle::current().metrics();
+    remote.register("/user/warm-up", long_lived.clone());
+    remote.unregister("/user/warm-up");
+    let before = metrics.num_alive_tasks();
+    for i in 0..200 {
+        let path = format!("/user/again-{}", i % 3);
+        remote.register(&path, long_lived.clone());
+        if i % 2 == 0 {
+            remote.unregister(&path);
+        }
+    }
+    for i in 0..3 {
+        remote.unregister(&format!("/user/again-{i}"));
+    }
+    tokio::time::timeout(T, async {
+        while metrics.num_alive_tasks() > before {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} tasks alive, {before} before", metrics.num_alive_tasks()));
+    assert!(!remote.is_registered("/user/again-0"));
+}

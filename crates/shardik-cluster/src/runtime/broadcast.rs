@@ -184,7 +184,16 @@ where
                     continue;
                 };
                 let (reply_to, rx) = ReplyTo::channel();
-                if let Err(e) = a.try_tell(make(reply_to)) {
+                // Built here, on the caller; a panic in it reports this member missing, as
+                // for the others (their requests are built in their tasks).
+                let built =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| make(reply_to)));
+                let Ok(request) = built else {
+                    let why = "building or sending the request panicked";
+                    missing.push((node, AskError::Undeliverable(why.into())));
+                    continue;
+                };
+                if let Err(e) = a.try_tell(request) {
                     missing.push((node, AskError::from(e)));
                     continue;
                 }
