@@ -31,6 +31,9 @@ pub(super) struct Known {
     generation: usize,
     recent: Map,
     older: Map,
+    /// The newest pooled connection this lane has written on (the pool numbers its
+    /// connections in the order it opened them).
+    newest_connection: Option<deadpool::managed::ObjectId>,
 }
 
 impl Known {
@@ -40,7 +43,23 @@ impl Known {
             generation: capacity.div_ceil(2),
             recent: Map::default(),
             older: Map::default(),
+            newest_connection: None,
         }
+    }
+
+    /// The lane is about to write on pooled connection `id`. A connection opened after every
+    /// one the lane has written on may reach another server than they did (the server
+    /// failed over to a replica that lacks the last commits, or was restored from a backup),
+    /// where the positions this lane committed may not hold: an append trusted to continue
+    /// one would then leave a gap in its stream that no key refuses. So everything is
+    /// forgotten, and the streams' positions are read afresh as they are written.
+    pub(super) fn connection(&mut self, id: deadpool::managed::ObjectId) {
+        if self.newest_connection.is_some_and(|newest| id <= newest) {
+            return;
+        }
+        self.newest_connection = Some(id);
+        self.recent.clear();
+        self.older.clear();
     }
 
     /// The remembered position of `persistence_id` if it proves that an append expecting

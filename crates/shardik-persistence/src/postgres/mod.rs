@@ -153,6 +153,11 @@ fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// How long PostgreSQL lets one of the store's sessions sit idle inside a transaction before
+/// it ends the session (`idle_in_transaction_session_timeout`). The store's own transactions
+/// send all their statements at once, so only a frozen or cut-off client reaches it.
+const IDLE_IN_TRANSACTION: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub(super) fn to_i64(v: u64) -> i64 {
     v as i64
 }
@@ -183,6 +188,19 @@ impl PostgresStore {
             )));
         }
         let mut config = tokio_postgres::Config::from_str(url).map_err(backend)?;
+        // A transaction left open by a frozen or cut-off client would hold its row locks and
+        // uncommitted journal keys, and stall every other node's lane that meets them: the
+        // server ends such a session after IDLE_IN_TRANSACTION (its batch then fails, or is
+        // written again, as after any lost connection). Options in the URL come later and win.
+        let session = format!(
+            "-c idle_in_transaction_session_timeout={}",
+            IDLE_IN_TRANSACTION.as_millis()
+        );
+        let startup = match config.get_options() {
+            Some(theirs) if !theirs.trim().is_empty() => format!("{session} {theirs}"),
+            _ => session,
+        };
+        config.options(&startup);
         // Asking for TLS and accepting plaintext would be a silent downgrade.
         if options.tls.is_some() && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer
         {
@@ -434,21 +452,105 @@ mod tests {
 
     /// A store with one writer lane in a schema of its own (tests share the server).
     async fn one_lane_store(url: &str, prefix: &str) -> PostgresStore {
+        one_lane_store_with_schema(url, prefix).await.0
+    }
+
+    /// [`one_lane_store`] and its schema's name.
+    async fn one_lane_store_with_schema(url: &str, prefix: &str) -> (PostgresStore, String) {
+        let schema = format!(
+            "{prefix}_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        );
         let options = PostgresOptions {
-            schema: format!(
-                "{prefix}_{}_{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .subsec_nanos()
-            ),
+            schema: schema.clone(),
             writers: 1,
             ..PostgresOptions::default()
         };
-        PostgresStore::connect_with(url, options)
+        let store = PostgresStore::connect_with(url, options)
             .await
-            .expect("connect to SHARDIK_PG_URL")
+            .expect("connect to SHARDIK_PG_URL");
+        (store, schema)
+    }
+
+    /// A lane that committed a stream's position on one connection does not trust it on a
+    /// connection opened later, which may reach a server that lacks its last commits (here:
+    /// the row removed by hand, as a failover to a replica behind the primary or a restore
+    /// would, and the lane's connection ended). Trusting it wrote the next event past a gap
+    /// in the stream and acknowledged it; read afresh, the append is a conflict.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn positions_committed_on_one_connection_are_read_again_on_a_newer_one() {
+        let Some(url) = pg_url() else { return };
+        let (store, schema) = one_lane_store_with_schema(&url, "newer_conn").await;
+        assert_eq!(store.append(append("gap", 0)).await, Ok(1));
+        assert_eq!(
+            store.append(append("gap", 1)).await,
+            Ok(2),
+            "position 1 known"
+        );
+        // The server comes back without the last commit, and without the lane's session.
+        let admin = store.pool.get().await.unwrap();
+        admin
+            .execute(
+                &format!(
+                    "DELETE FROM {schema}.journal WHERE persistence_id = 'gap' AND seq_nr = 2"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        let ended = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE pid <> pg_backend_pid() AND query LIKE '%' || $1 || '.journal%'",
+                &[&schema],
+            )
+            .await
+            .unwrap();
+        assert!(!ended.is_empty(), "the lane's session ended");
+        // Another stream's write opens the lane's new connection (at once, or after
+        // finding the old one gone).
+        assert_eq!(store.append(append("other", 0)).await, Ok(1));
+        match store.append(append("gap", 2)).await {
+            Err(StoreError::Conflict {
+                expected: 2,
+                actual: 1,
+                ..
+            }) => {}
+            other => panic!("an append past the lost commit answered {other:?}"),
+        }
+        assert_eq!(store.highest_seq_nr("gap").await, Ok(1));
+        assert_eq!(store.append(append("gap", 1)).await, Ok(2));
+    }
+
+    /// A write PostgreSQL cannot store (an id too long for the journal's index) is refused
+    /// alone, with a reason that says so; the writes queued beside it are stored. (The
+    /// server itself refuses such an id only when its index entry does not compress below
+    /// about 2.7 KB, and then fails the whole batch.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unstorable_write_is_refused_alone() {
+        let Some(url) = pg_url() else { return };
+        let store = std::sync::Arc::new(one_lane_store(&url, "unstorable").await);
+        let long = "x".repeat(super::writer::MAX_ID_BYTES + 1);
+        let (a, b, c) = tokio::join!(
+            store.append(append("before-long", 0)),
+            store.append(append(&long, 0)),
+            store.append(append("after-long", 0)),
+        );
+        assert_eq!(a, Ok(1));
+        assert_eq!(c, Ok(1));
+        match b {
+            Err(StoreError::Backend(m)) => {
+                assert!(m.contains("longer than the 2048"), "{m}")
+            }
+            other => panic!("the long id answered {other:?}"),
+        }
+        // At the limit, it is stored.
+        let at_limit = "y".repeat(super::writer::MAX_ID_BYTES);
+        assert_eq!(store.append(append(&at_limit, 0)).await, Ok(1));
     }
 
     /// An append of one event at `expected` by writer 1.

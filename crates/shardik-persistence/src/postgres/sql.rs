@@ -96,6 +96,8 @@ impl Sql {
                              ADD COLUMN deleted BOOLEAN NOT NULL DEFAULT false;
                      END IF;
                      IF to_regclass('{s}.journal_meta') IS NOT NULL THEN
+                         -- Older nodes still writing positions wait until it is gone.
+                         LOCK TABLE {s}.journal_meta IN ACCESS EXCLUSIVE MODE;
                          INSERT INTO {s}.journal
                              (persistence_id, seq_nr, writer, type_name, version, payload, deleted)
                          SELECT m.persistence_id, m.highest_seq_nr, m.writer, '', 0, ''::BYTEA, true

@@ -57,6 +57,34 @@ use crate::rules::check_write;
 /// How often a batch is written before a race on the journal's primary key fails it.
 pub(super) const MAX_ATTEMPTS: usize = 3;
 
+/// Bytes of ids and payloads above which a lane starts a new batch (a write larger than
+/// this goes alone). PostgreSQL refuses a protocol message over 1 GiB, and a statement
+/// carries a whole batch's payloads in one array.
+pub(super) const MAX_BATCH_BYTES: usize = 64 << 20;
+
+/// Most bytes of ids and payloads in one write: a larger one is refused alone (see
+/// [`MAX_BATCH_BYTES`]).
+pub(super) const MAX_WRITE_BYTES: usize = 256 << 20;
+
+/// Longest persistence id, in bytes: the journal's primary-key index holds entries of at
+/// most about 2.7 KB, and a longer id would fail its whole batch.
+pub(super) const MAX_ID_BYTES: usize = 2048;
+
+/// What a write puts into a batch's statements: its id and payload bytes.
+fn op_bytes(op: &Op) -> usize {
+    let id = op.persistence_id().len();
+    id + match op {
+        Op::Append(r, _) => r
+            .events
+            .iter()
+            .map(|p| p.bytes.len() + p.type_name.len() + id)
+            .sum(),
+        Op::SaveSnapshot(s, _) => s.payload.bytes.len() + s.payload.type_name.len(),
+        Op::Upsert(w, _) => w.payload.bytes.len() + w.payload.type_name.len(),
+        Op::DeleteEvents(..) | Op::DeleteSnapshots(..) | Op::DeleteState(..) => 0,
+    }
+}
+
 /// Runs until every sender is gone.
 pub(super) async fn run(
     pool: Pool,
@@ -68,11 +96,30 @@ pub(super) async fn run(
 ) {
     let mut known = Known::new(known_positions);
     let mut batch = Vec::with_capacity(max_batch);
-    while let Some(first) = ops.recv().await {
+    // A write taken from the queue that did not fit in the last batch's bytes: it starts
+    // the next one.
+    let mut carried: Option<Op> = None;
+    loop {
+        let first = match carried.take() {
+            Some(op) => op,
+            None => match ops.recv().await {
+                Some(op) => op,
+                None => break,
+            },
+        };
+        let mut bytes = op_bytes(&first);
         batch.push(first);
-        while batch.len() < max_batch {
+        while batch.len() < max_batch && bytes < MAX_BATCH_BYTES {
             match ops.try_recv() {
-                Ok(op) => batch.push(op),
+                Ok(op) => {
+                    let size = op_bytes(&op);
+                    if bytes + size > MAX_BATCH_BYTES {
+                        carried = Some(op);
+                        break;
+                    }
+                    bytes += size;
+                    batch.push(op);
+                }
                 Err(_) => break,
             }
         }
@@ -128,16 +175,17 @@ async fn write_batch(
     batch: &mut Vec<Op>,
 ) -> Vec<Done> {
     let mut results: Vec<Done> = Vec::with_capacity(batch.len());
-    // PostgreSQL text cannot hold NUL: refuse such a write alone instead of failing the
-    // statement that carries the whole batch.
-    if !batch.iter().all(storable) {
-        let (storable, unstorable): (Vec<Op>, Vec<Op>) =
-            std::mem::take(batch).into_iter().partition(storable);
+    // A write PostgreSQL would refuse (NUL in text, an id too long for the journal's index,
+    // too many bytes) is refused alone instead of failing the statement that carries the
+    // whole batch.
+    if batch.iter().any(|op| unstorable(op).is_some()) {
+        let (unstorable_ops, storable): (Vec<Op>, Vec<Op>) = std::mem::take(batch)
+            .into_iter()
+            .partition(|op| unstorable(op).is_some());
         *batch = storable;
-        results.extend(unstorable.into_iter().map(|op| {
-            op.refuse(StoreError::Backend(
-                "postgres: text (persistence id or type name) must not contain NUL".into(),
-            ))
+        results.extend(unstorable_ops.into_iter().map(|op| {
+            let why = unstorable(&op).expect("partitioned");
+            op.refuse(StoreError::Backend(format!("postgres: {why}")))
         }));
     }
     if batch.is_empty() {
@@ -147,7 +195,10 @@ async fn write_batch(
     // committed, so possibly stored (empty until such a loss).
     let mut maybe_stored: Vec<bool> = Vec::new();
     let mut client = match pool.get().await {
-        Ok(c) => Lent(Some(c)),
+        Ok(c) => {
+            known.connection(Object::id(&c));
+            Lent(Some(c))
+        }
         Err(e) => {
             let e = pool_error(e);
             results.extend(batch.drain(..).map(|op| op.refuse(e.clone())));
@@ -188,7 +239,10 @@ async fn write_batch(
             if lost || !failed.closed {
                 drop(Object::take(client.give_up()));
                 client = match pool.get().await {
-                    Ok(c) => Lent(Some(c)),
+                    Ok(c) => {
+                        known.connection(Object::id(&c));
+                        Lent(Some(c))
+                    }
                     Err(e) => {
                         let e = pool_error(e);
                         results.extend(batch.drain(..).enumerate().map(|(i, op)| {
@@ -294,15 +348,29 @@ fn settle(
     }
 }
 
-fn storable(op: &Op) -> bool {
+/// Why PostgreSQL would refuse `op` (and with it every write of its batch), if it would.
+fn unstorable(op: &Op) -> Option<String> {
     let ok = |s: &str| !s.contains('\0');
-    ok(op.persistence_id())
+    let texts_ok = ok(op.persistence_id())
         && match op {
             Op::Append(r, _) => r.events.iter().all(|p| ok(&p.type_name)),
             Op::SaveSnapshot(s, _) => ok(&s.payload.type_name),
             Op::Upsert(w, _) => ok(&w.payload.type_name),
             Op::DeleteEvents(..) | Op::DeleteSnapshots(..) | Op::DeleteState(..) => true,
-        }
+        };
+    if !texts_ok {
+        return Some("text (persistence id or type name) must not contain NUL".into());
+    }
+    let id = op.persistence_id().len();
+    if id > MAX_ID_BYTES {
+        return Some(format!(
+            "a persistence id of {id} bytes is longer than the {MAX_ID_BYTES} the journal's index holds"
+        ));
+    }
+    let bytes = op_bytes(op);
+    (bytes > MAX_WRITE_BYTES).then(|| {
+        format!("a write of {bytes} bytes is larger than the {MAX_WRITE_BYTES} one write may carry")
+    })
 }
 
 /// A batch that failed on a database error, with the checked outcomes if it got that far.
@@ -345,6 +413,11 @@ fn is_journal_race(error: &tokio_postgres::Error) -> bool {
         _ => false,
     }
 }
+
+/// Read committed, whatever the server's or role's default: the stale-writer probe and the
+/// primary key's wait rely on each statement seeing what committed before it (under
+/// repeatable read the probe would read the first statement's snapshot).
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 type Rows = Vec<Row>;
 type Request<'a> = Pin<Box<dyn Future<Output = Result<Rows, tokio_postgres::Error>> + Send + 'a>>;
@@ -477,7 +550,7 @@ async fn write(
     // read the durable states.
     let read_streams = prepare_if(client, &sql.positions, !unknown.is_empty()).await?;
     let lock_states = prepare_if(client, &sql.state_lock, !stated.is_empty()).await?;
-    let mut pending = vec![simple(client, "BEGIN")];
+    let mut pending = vec![simple(client, BEGIN)];
     let (mut stream_rows, mut state_rows) = (Vec::new(), Vec::new());
     if read_streams.is_some() || lock_states.is_some() {
         if let Some(stmt) = &read_streams {
@@ -802,9 +875,13 @@ async fn write_rows<'p, 'a: 'p>(
     if let Some(i) = answers.iter().position(Result::is_err) {
         let committed = answers[commit_at].is_ok();
         let error = answers.swap_remove(i).expect_err("an error");
+        // A server error aborts the transaction (its `COMMIT` then answers as a rollback);
+        // an error of the client's own (a statement it could not send) does not, and the
+        // `COMMIT` after it committed the rest: what was stored is then unknown.
+        let unsent = committed && i < commit_at && error.as_db_error().is_none();
         return Err(Unfinished {
             closed: alone || committed,
-            unsure: !committed && sent && commit_unsure(&error, i >= commit_at),
+            unsure: unsent || (!committed && sent && commit_unsure(&error, i >= commit_at)),
             error,
         });
     }
