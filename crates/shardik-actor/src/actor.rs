@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::context::Context;
 
@@ -75,12 +76,26 @@ pub trait Actor: Sized + Send + 'static {
     }
 }
 
+/// The last id handed out in this process (actor ids and the ids of `terminated()` waits
+/// come from one counter, shared by every [`ActorSystem`](crate::ActorSystem)).
+static LAST_ID: AtomicU64 = AtomicU64::new(0);
+
 /// A process-unique identifier of one actor incarnation chain (restarts keep the id).
+///
+/// Ids come from one counter shared by every [`ActorSystem`](crate::ActorSystem) of the
+/// process and are never reused, so actors of two systems in one process never share an id
+/// (watch bookkeeping relies on that: until 2026-11-29 each system counted from 1, and an
+/// `unwatch` by actor #5 of one system could withdraw watcher #5 of another).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct ActorId(pub(crate) u64);
 
 impl ActorId {
-    /// The raw number, unique within one [`ActorSystem`](crate::ActorSystem).
+    /// A fresh id, unique in the process.
+    pub(crate) fn next() -> ActorId {
+        ActorId(LAST_ID.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// The raw number, unique within the process (across all actor systems in it).
     pub fn as_u64(self) -> u64 {
         self.0
     }

@@ -152,7 +152,7 @@ impl<M: Send + 'static> ActorRef<M> {
             }
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let waiter = self.target.system().next_id();
+        let waiter = ActorId::next();
         self.target.add_watcher(
             waiter,
             Box::new(move |t| {
@@ -163,7 +163,10 @@ impl<M: Send + 'static> ActorRef<M> {
         rx.await.expect("termination notice is always sent")
     }
 
-    /// True once the actor has terminated for good.
+    /// True once the actor has terminated for good: its `stopped` hook and its termination
+    /// hook have run and its undelivered messages are accounted for. It turns true just
+    /// before the actor is uncounted from [`live_actors`](crate::ActorSystem::live_actors)
+    /// and its watchers and [`terminated`](ActorRef::terminated) waiters are told.
     pub fn is_terminated(&self) -> bool {
         self.target.is_terminated()
     }

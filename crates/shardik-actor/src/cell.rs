@@ -109,6 +109,30 @@ pub(crate) struct Extras {
     pub(crate) backoff: Option<std::task::Waker>,
 }
 
+impl Extras {
+    /// Unregisters timer `id` and aborts its task. False if it was not registered: a
+    /// one-shot timer that fired, or a timer cancelled before (by the actor, a restart or
+    /// the stop). A timer task that is already running when it is aborted goes on until its
+    /// next await; it delivers only if it still finds itself registered under this lock
+    /// (see [`Cell::fire_timer`]), so a timer unregistered here never delivers again.
+    pub(crate) fn cancel_timer(&mut self, id: u64) -> bool {
+        match self.timers.remove(&id) {
+            Some(task) => {
+                task.abort();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Unregisters and aborts every timer (at a restart and at the stop).
+    fn cancel_all_timers(&mut self) {
+        for (_, task) in self.timers.drain() {
+            task.abort();
+        }
+    }
+}
+
 /// What the run task owns while it runs; parked in the cell between turns.
 pub(crate) struct RunState<A: Actor> {
     actor: Option<A>,
@@ -151,7 +175,7 @@ impl<A: Actor> Cell<A> {
     /// an actor that stops at once would be removed before it was inserted, and the stale
     /// entry kept it (and, at the top level, its system) alive.
     pub(crate) fn create(system: &Arc<SystemShared>, parent: Parent, props: Props<A>) -> Arc<Self> {
-        let id = system.next_id();
+        let id = ActorId::next();
         let cell = Arc::new_cyclic(|me| Cell {
             id,
             name: props.name,
@@ -241,6 +265,49 @@ impl<A: Actor> Cell<A> {
             Err(TellError::Stopped(_)) => self.dead_letter(DeadReason::RecipientStopped),
             Err(TellError::MailboxFull(_)) => self.dead_letter(DeadReason::MailboxFull),
         }
+    }
+
+    /// Delivers `msg` from timer `id`, if the timer is still registered: a one-shot timer
+    /// unregisters itself (`once`), a periodic one stays. Returns false, dropping `msg`, if
+    /// it was not registered (cancelled, or dropped by a restart or the stop): the timer
+    /// task then ends.
+    ///
+    /// The check and the push happen under the extras lock, which [`Extras::cancel_timer`]
+    /// and the restart and stop paths take to unregister timers: either the message is
+    /// queued before the timer is unregistered (a one-shot timer then counts as fired and
+    /// `cancel_timer` returns false; a queued tick stays queued), or it is never queued.
+    /// Aborting the timer's task is not enough on its own: it does not interrupt a poll that
+    /// is already running. Lock order: extras, then mailbox; nothing takes the extras lock
+    /// while it holds the mailbox lock.
+    pub(crate) fn fire_timer(&self, id: u64, msg: A::Msg, once: bool) -> bool {
+        let pushed = {
+            let mut guard = self.extras.lock();
+            let registered = guard.as_mut().is_some_and(|x| {
+                if once {
+                    x.timers.remove(&id).is_some()
+                } else {
+                    x.timers.contains_key(&id)
+                }
+            });
+            if !registered {
+                drop(guard);
+                drop(msg);
+                return false;
+            }
+            self.mailbox.push(msg)
+        };
+        match pushed {
+            Ok(pushed) => self.queued(pushed),
+            Err(TellError::Stopped(msg)) => {
+                drop(msg);
+                self.dead_letter(DeadReason::RecipientStopped);
+            }
+            Err(TellError::MailboxFull(msg)) => {
+                drop(msg);
+                self.dead_letter(DeadReason::MailboxFull);
+            }
+        }
+        true
     }
 
     #[inline]
@@ -431,10 +498,16 @@ enum Decision {
     Resume,
     Restart(std::time::Duration),
     Stop(String),
+    /// The strategy says restart, but the actor has been told to stop (`ctx.stop()` in the
+    /// failing call, or a `Stop` already taken from the system lane): the failed instance is
+    /// dropped as for a restart, no new one is made, and the actor stops as `Stopped`.
+    NoRestart,
 }
 
 impl<A: Actor> Cell<A> {
-    fn decide(&self, st: &mut RunState<A>, error: String) -> Decision {
+    /// What to do about a failure. `stopping`: the actor has been told to stop, so a restart
+    /// would only build an instance to stop it.
+    fn decide(&self, st: &mut RunState<A>, error: String, stopping: bool) -> Decision {
         match self.settings.supervisor() {
             SupervisorStrategy::Stop => {
                 tracing::warn!(actor = %self.label(), %error, "actor failed; stopping it");
@@ -443,6 +516,18 @@ impl<A: Actor> Cell<A> {
             SupervisorStrategy::Resume => {
                 tracing::warn!(actor = %self.label(), %error, "actor failed; resuming with the next message");
                 Decision::Resume
+            }
+            SupervisorStrategy::Restart(_) if stopping => {
+                tracing::warn!(actor = %self.label(), %error, "actor failed after it was told to stop; stopping it instead of restarting it");
+                Decision::NoRestart
+            }
+            SupervisorStrategy::Restart(_) if st.factory.is_none() => {
+                // Spawned from an instance: nothing to make a new one from. Decided now, not
+                // after a backoff and a restart counted for nothing.
+                tracing::warn!(actor = %self.label(), %error, "actor failed and cannot be restarted (spawned from an instance, not a factory); stopping it");
+                Decision::Stop(format!(
+                    "{error} (the actor cannot be recreated: it was spawned from an instance, not a factory)"
+                ))
             }
             SupervisorStrategy::Restart(policy) => {
                 match st.restarts.on_failure(policy, tokio::time::Instant::now()) {
@@ -468,6 +553,7 @@ impl<A: Actor> Cell<A> {
     }
 
     /// Creates an instance and runs `started`, restarting per strategy. Err = must stop.
+    /// Ok without an instance: told to stop before a restart (the run loop stops next).
     async fn start_incarnation(
         &self,
         st: &mut RunState<A>,
@@ -488,13 +574,14 @@ impl<A: Actor> Cell<A> {
                 Ok(actor) => actor,
                 Err(panic) => {
                     let error = format!("factory panicked: {}", panic_message(&*panic));
-                    match self.decide(st, error) {
+                    match self.decide(st, error, ctx.stop_requested()) {
                         Decision::Restart(backoff) => {
                             if self.back_off(backoff).await {
                                 return Ok(()); // stopped meanwhile: the run loop stops next
                             }
                             continue;
                         }
+                        Decision::NoRestart => return Ok(()),
                         Decision::Resume | Decision::Stop(_) => {
                             return Err("the actor factory panicked".into())
                         }
@@ -504,16 +591,23 @@ impl<A: Actor> Cell<A> {
             let actor = st.actor.insert(actor);
             match guarded(|| actor.started(ctx)).await {
                 Ok(()) => return Ok(()),
-                Err(error) => match self.decide(st, format!("started hook failed: {error}")) {
-                    Decision::Resume => return Ok(()),
-                    Decision::Restart(backoff) => {
-                        self.discard_instance(st);
-                        if self.back_off(backoff).await {
-                            return Ok(()); // stopped meanwhile: the run loop stops next
+                Err(error) => {
+                    let error = format!("started hook failed: {error}");
+                    match self.decide(st, error, ctx.stop_requested()) {
+                        Decision::Resume => return Ok(()),
+                        Decision::Restart(backoff) => {
+                            self.discard_instance(st);
+                            if self.back_off(backoff).await {
+                                return Ok(()); // stopped meanwhile: the run loop stops next
+                            }
                         }
+                        Decision::NoRestart => {
+                            self.discard_instance(st);
+                            return Ok(());
+                        }
+                        Decision::Stop(reason) => return Err(reason),
                     }
-                    Decision::Stop(reason) => return Err(reason),
-                },
+                }
             }
         }
     }
@@ -521,8 +615,15 @@ impl<A: Actor> Cell<A> {
     /// Waits `backoff` before a restart, or less if the actor is told to stop meanwhile
     /// (`ActorRef::stop` then takes effect at once instead of after the backoff). True if a
     /// `Stop` is waiting: the restart must not happen.
+    ///
+    /// A zero backoff still yields to the runtime once: an actor whose `started` keeps
+    /// failing at once, with restarts to spare, would otherwise restart in a loop that never
+    /// returns `Pending`, and on a current-thread runtime nothing else (its `stop()`, the
+    /// system's shutdown) would ever run again.
     async fn back_off(&self, backoff: std::time::Duration) -> bool {
-        if !backoff.is_zero() {
+        if backoff.is_zero() {
+            yield_turn().await;
+        } else {
             let sleep = tokio::time::sleep(backoff);
             tokio::pin!(sleep);
             std::future::poll_fn(|cx| {
@@ -552,9 +653,7 @@ impl<A: Actor> Cell<A> {
     fn discard_instance(&self, st: &mut RunState<A>) {
         self.drop_instance(st.actor.take());
         if let Some(x) = self.extras.lock().as_mut() {
-            for (_, timer) in x.timers.drain() {
-                timer.abort();
-            }
+            x.cancel_all_timers();
         }
     }
 
@@ -568,6 +667,8 @@ impl<A: Actor> Cell<A> {
 
     /// Handles a failure of `handle` or `terminated`: `Some(reason)` if the actor must stop
     /// (it failed for good, or was told to stop before a restart; then it has no instance).
+    /// `stop_taken`: a `Stop` was taken from the system lane and is not handled yet; a stop
+    /// requested through the context counts too.
     async fn after_failure(
         &self,
         st: &mut RunState<A>,
@@ -590,12 +691,19 @@ impl<A: Actor> Cell<A> {
         error: String,
         stop_taken: bool,
     ) -> Result<(), String> {
-        match self.decide(st, error) {
+        // A stop queued while the failing turn ran counts too: no restart is counted for it.
+        let stopping = stop_taken || ctx.stop_requested() || self.mailbox.stop_pending();
+        match self.decide(st, error, stopping) {
             Decision::Resume => Ok(()),
             Decision::Stop(reason) => Err(reason),
+            Decision::NoRestart => {
+                // The caller finds no instance and stops.
+                self.discard_instance(st);
+                Ok(())
+            }
             Decision::Restart(backoff) => {
                 self.discard_instance(st);
-                if stop_taken || self.back_off(backoff).await {
+                if self.back_off(backoff).await {
                     // Stopped before the restart: no new instance only to stop it. The caller
                     // finds no instance and stops.
                     return Ok(());
@@ -628,7 +736,9 @@ impl<A: Actor> Cell<A> {
     }
 
     /// The stop sequence: close the mailbox, cancel timers, stop and await children, run
-    /// `stopped`, mark terminated, hand over undelivered messages, notify watchers.
+    /// `stopped`, hand over undelivered messages (termination hook or dead letters), then
+    /// publish the termination: mark terminated, unregister from the system or parent,
+    /// uncount, notify watchers and `terminated()` waiters.
     async fn finish(
         self: &Arc<Self>,
         mut st: Box<RunState<A>>,
@@ -641,9 +751,7 @@ impl<A: Actor> Cell<A> {
 
         let (children, watching) = self.with_extras(|x| {
             x.stopping = true;
-            for (_, timer) in x.timers.drain() {
-                timer.abort();
-            }
+            x.cancel_all_timers();
             (
                 std::mem::take(&mut x.children),
                 std::mem::take(&mut x.watching),
@@ -684,9 +792,7 @@ impl<A: Actor> Cell<A> {
             }
             // Timers the hook itself started die with the actor too.
             if let Some(x) = self.extras.lock().as_mut() {
-                for (_, timer) in x.timers.drain() {
-                    timer.abort();
-                }
+                x.cancel_all_timers();
             }
             // So do children it spawned (already told to stop): awaited like the others.
             let late = self.with_extras(|x| std::mem::take(&mut x.children));
@@ -702,15 +808,6 @@ impl<A: Actor> Cell<A> {
             reason: reason.clone(),
         };
         self.waker.take();
-        self.sched.store(TERMINATED, Ordering::Release);
-        match &self.parent {
-            Parent::System => self.system.remove_top_level(self.id),
-            Parent::Actor(parent) => {
-                if let Some(parent) = parent.upgrade() {
-                    parent.remove_child(self.id);
-                }
-            }
-        }
         match self.settings.on_termination() {
             Some(hook) => {
                 let termination = Termination {
@@ -734,9 +831,21 @@ impl<A: Actor> Cell<A> {
                 }
             }
         }
-        // Only now publish the termination: whoever observes it (a waiter on `terminated()`,
+        // Only now publish the termination: whoever observes it (`is_terminated()`, the
+        // registry of its system or parent, the live-actor count, a waiter on `terminated()`,
         // early or late, a watcher, a parent stopping its children) then sees everything it
-        // implies: the hooks have run, leftovers are accounted for, the actor is uncounted.
+        // implies: the hooks have run, leftovers are accounted for. In this order: marked
+        // terminated and unregistered first, so that whoever sees the actor uncounted (a
+        // shutdown that returns) or notified also sees it terminated.
+        self.sched.store(TERMINATED, Ordering::Release);
+        match &self.parent {
+            Parent::System => self.system.remove_top_level(self.id),
+            Parent::Actor(parent) => {
+                if let Some(parent) = parent.upgrade() {
+                    parent.remove_child(self.id);
+                }
+            }
+        }
         self.system.actor_stopped();
         let watchers = self.with_extras(|x| {
             x.terminated = Some(terminated.clone());
@@ -1068,6 +1177,108 @@ mod tests {
         );
         cell.send_system(SystemMessage::Stop);
         system.shutdown().await;
+    }
+
+    /// Spins (without sleeping) until `done` holds, failing after 10 s instead of hanging.
+    fn spin_until(what: &str, mut done: impl FnMut() -> bool) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "gave up waiting: {what}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// A cell that is never run until the test lets it (so the test sees its mailbox as the
+    /// timer left it), its context, and how many references the test itself holds.
+    fn unrun_cell(system: &crate::ActorSystem) -> (Arc<Cell<Nop>>, Context<Nop>, usize) {
+        let cell = Cell::create(&system.shared, Parent::System, Props::from_instance(Nop));
+        let ctx = Context::new(cell.clone());
+        let held = Arc::strong_count(&cell);
+        (cell, ctx, held)
+    }
+
+    /// Lets the never-run cell run, stop, and the system shut down.
+    async fn stop_unrun(system: crate::ActorSystem, cell: Arc<Cell<Nop>>) {
+        cell.send_system(SystemMessage::Stop);
+        cell.launch();
+        system.shutdown().await;
+    }
+
+    /// `cancel_timer` returned true while the one-shot timer's task was already running
+    /// (past its sleep, about to deliver): aborting it did not interrupt that poll, and the
+    /// message still arrived (its task ignored that its entry was gone). Now the timer
+    /// delivers only if it finds its own entry, under the lock `cancel_timer` takes.
+    #[test]
+    fn a_once_timer_cancelled_while_its_task_runs_does_not_deliver() {
+        // Nothing runs on this runtime until the test drives it from another thread.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let system = crate::ActorSystem::with_config(crate::SystemConfig {
+            name: "timer-race-once".into(),
+            runtime: Some(rt.handle().clone()),
+        });
+        let (cell, mut ctx, held) = unrun_cell(&system);
+        let timer = ctx.schedule_once(Duration::from_millis(1), 7);
+        // Held while the timer fires: its task gets past the sleep, takes a reference to the
+        // cell and waits for this lock.
+        let mut extras = cell.extras.lock();
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let driver = std::thread::spawn(move || {
+            let _ = rt.block_on(finished);
+            rt
+        });
+        spin_until("the timer's task runs", || Arc::strong_count(&cell) > held);
+        // What `cancel_timer` does, while the timer's task is inside its poll.
+        let x = extras.as_mut().expect("the timer is registered");
+        assert!(x.cancel_timer(timer.0), "cancelled before it fired");
+        drop(extras);
+        spin_until("the timer's task ends", || Arc::strong_count(&cell) == held);
+        let delivered = cell.mailbox.user_pending();
+        let _ = finish.send(());
+        let rt = driver.join().unwrap();
+        assert!(!delivered, "a cancelled timer delivered its message");
+        assert!(!ctx.cancel_timer(timer));
+        drop(ctx);
+        rt.block_on(stop_unrun(system, cell));
+    }
+
+    /// The same for a periodic timer, whose task never checked that it was still
+    /// registered: a tick being made while the timer was cancelled (or dropped by a restart,
+    /// which unregisters timers the same way) still arrived. Here the tick's `make` holds
+    /// the task inside its poll while the timer is cancelled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_periodic_timer_cancelled_while_its_task_runs_does_not_deliver() {
+        let system = crate::ActorSystem::new("timer-race-periodic");
+        let (cell, mut ctx, held) = unrun_cell(&system);
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let go_rx = std::sync::Mutex::new(go_rx);
+        let first = std::sync::atomic::AtomicBool::new(true);
+        let timer = ctx.schedule_periodic(Duration::from_millis(1), move || {
+            if first.swap(false, Ordering::SeqCst) {
+                let _ = entered_tx.send(());
+                let _ = go_rx.lock().unwrap().recv();
+            }
+            7
+        });
+        entered.recv().expect("the first tick is being made");
+        assert!(ctx.cancel_timer(timer), "cancelled while its tick is made");
+        go.send(()).unwrap();
+        drop(go);
+        spin_until("the timer's task lets go of the cell", || {
+            Arc::strong_count(&cell) == held
+        });
+        assert!(
+            !cell.mailbox.user_pending(),
+            "a cancelled periodic timer delivered a tick"
+        );
+        drop(ctx);
+        stop_unrun(system, cell).await;
     }
 
     /// A `terminated()` future dropped before the actor terminates (a `select!` that took

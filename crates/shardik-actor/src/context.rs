@@ -13,7 +13,7 @@ use crate::system::ActorSystem;
 /// Identifies a timer started with [`Context::schedule_once`] or
 /// [`Context::schedule_periodic`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TimerId(u64);
+pub struct TimerId(pub(crate) u64);
 
 /// The actor's view of the runtime, passed to every handler and hook.
 pub struct Context<A: Actor> {
@@ -57,8 +57,9 @@ impl<A: Actor> Context<A> {
     }
 
     /// Spawns a child actor. Children stop before their parent's
-    /// [`stopped`](Actor::stopped) hook runs. A child spawned while its parent is stopping is
-    /// stopped at once.
+    /// [`stopped`](Actor::stopped) hook runs. A child spawned while its parent is stopping,
+    /// or once the system's shutdown has begun, is stopped at once (its `started` runs
+    /// first).
     pub fn spawn<C: Actor>(&mut self, props: Props<C>) -> ActorRef<C::Msg> {
         let parent: Arc<dyn CellHandle> = self.cell.clone();
         let child = Cell::create(
@@ -66,7 +67,14 @@ impl<A: Actor> Context<A> {
             Parent::Actor(Arc::downgrade(&parent)),
             props,
         );
-        if !self.cell.add_child(child.clone()) {
+        // Checked after the child is registered with its parent, like the system does for
+        // top-level actors: a shutdown that begins after the check stops the parent, which
+        // stops the child.
+        let added = self.cell.add_child(child.clone());
+        if !added || self.cell.system.is_shutting_down() {
+            if added {
+                tracing::debug!(system = %self.cell.system.name, "child spawned during shutdown; stopping it at once");
+            }
             child.send_system(SystemMessage::Stop);
         }
         child.launch();
@@ -133,8 +141,7 @@ impl<A: Actor> Context<A> {
         self.start_timer(move |id| async move {
             tokio::time::sleep(delay).await;
             if let Some(cell) = weak.upgrade() {
-                cell.with_extras(|x| x.timers.remove(&id));
-                ActorRef::from_cell(cell).tell(msg);
+                cell.fire_timer(id, msg, true);
             }
         })
     }
@@ -157,29 +164,29 @@ impl<A: Actor> Context<A> {
             "schedule_periodic: the interval must be above zero"
         );
         let weak = Arc::downgrade(&self.cell);
-        self.start_timer(move |_| async move {
+        self.start_timer(move |id| async move {
             let first = crate::deadline::instant_after(tokio::time::Instant::now(), interval);
             let mut ticks = tokio::time::interval_at(first, interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                match weak.upgrade() {
-                    Some(cell) => ActorRef::from_cell(cell).tell(make()),
-                    None => return,
+                let Some(cell) = weak.upgrade() else {
+                    return;
+                };
+                // `make` runs outside the cell's locks; its tick is queued only if the timer
+                // is still registered then.
+                if !cell.fire_timer(id, make(), false) {
+                    return;
                 }
             }
         })
     }
 
     /// Cancels a timer. Returns false if it had already fired (one-shot) or was cancelled.
+    /// After it returns true the timer delivers nothing more, also when its task was
+    /// already running (a tick queued before the call stays queued).
     pub fn cancel_timer(&mut self, timer: TimerId) -> bool {
-        match self.cell.with_extras(|x| x.timers.remove(&timer.0)) {
-            Some(handle) => {
-                handle.abort();
-                true
-            }
-            None => false,
-        }
+        self.cell.with_extras(|x| x.cancel_timer(timer.0))
     }
 
     fn start_timer<F, Fut>(&mut self, body: F) -> TimerId

@@ -60,9 +60,12 @@ pub enum OverflowPolicy {
     #[default]
     DropNewest,
     /// Accept the new message and drop the oldest one still waiting that was sent within the
-    /// capacity. Termination notices and messages taken past the bound
-    /// ([`ActorRef::try_tell_past_bound`](crate::ActorRef::try_tell_past_bound)) are never
-    /// dropped; if only such messages wait, the new one is refused as with `DropNewest`.
+    /// capacity. Termination notices of [`watch_with`](crate::Context::watch_with), messages
+    /// taken past the bound
+    /// ([`ActorRef::try_tell_past_bound`](crate::ActorRef::try_tell_past_bound)) and the
+    /// [`graceful_stop`](crate::ActorRef::graceful_stop) marker are never dropped, though
+    /// they take room; if only such entries wait, the new message is refused as with
+    /// `DropNewest` ([`TellError::MailboxFull`], or a dead letter for `tell`).
     DropOldest,
 }
 
@@ -466,6 +469,20 @@ mod tests {
         assert!(matches!(mb.push(2), Ok(Pushed::DroppedOldest(1))));
         assert!(matches!(mb.push(3), Ok(Pushed::DroppedOldest(2))));
         assert_eq!(messages(mb.close()), vec![9, 3]);
+    }
+
+    /// `DropOldest` refuses a new message when only entries it never evicts wait: a
+    /// `watch_with` notice and the graceful stop marker here.
+    #[test]
+    fn drop_oldest_refuses_when_only_notices_and_the_stop_marker_wait() {
+        let mb = Mailbox::new(&MailboxConfig::Bounded {
+            capacity: 2,
+            overflow: OverflowPolicy::DropOldest,
+        });
+        assert!(mb.push_watched(crate::actor::ActorId(7), 9).is_ok());
+        assert!(mb.push_graceful_stop());
+        assert!(matches!(mb.push(1), Err(TellError::MailboxFull(1))));
+        assert_eq!(messages(mb.close()), vec![9]);
     }
 
     /// A capacity of 0 set by hand counts as 1 (it would refuse everything).

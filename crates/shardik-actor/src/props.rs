@@ -137,8 +137,11 @@ impl<M> ActorSettings<M> {
 
     /// Installs a hook that receives the actor's [`Termination`], including the user messages
     /// it accepted but never handled. Without a hook those messages are counted as dead
-    /// letters. The hook runs on the actor's own task after [`Actor::stopped`] and after the
-    /// actor is marked terminated; keep it short.
+    /// letters. The hook runs on the actor's own task after [`Actor::stopped`] and before
+    /// the termination is published: while it runs the actor's mailbox is closed, but
+    /// [`ActorRef::is_terminated`](crate::ActorRef::is_terminated) is still false, the actor
+    /// is still registered with its system or parent and counted as live, and watchers and
+    /// `terminated()` waiters have not been told. Keep it short.
     pub fn on_termination(mut self, hook: impl Fn(Termination<M>) + Send + Sync + 'static) -> Self {
         self.on_termination = Some(Arc::new(hook));
         self

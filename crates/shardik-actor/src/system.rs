@@ -2,7 +2,7 @@
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,9 @@ const TOP_LEVEL_SHARDS: usize = 32;
 
 /// One shard of the top-level actors, by id.
 type TopLevelShard = Mutex<HashMap<ActorId, Arc<dyn CellHandle>>>;
+
+/// Where one extension lives: filled once, by the first caller's `init`.
+type ExtensionSlot = std::sync::OnceLock<Arc<dyn Any + Send + Sync>>;
 
 /// Settings of an [`ActorSystem`].
 #[derive(Clone, Debug)]
@@ -56,14 +59,13 @@ pub struct ShutdownError {
 pub(crate) struct SystemShared {
     pub(crate) name: Arc<str>,
     pub(crate) runtime: tokio::runtime::Handle,
-    next_id: AtomicU64,
     top: Box<[TopLevelShard]>,
     live: AtomicUsize,
     all_stopped: Notify,
     pub(crate) dead_letters: DeadLetters,
     shutting_down: AtomicBool,
     shutdown_signal: watch::Sender<bool>,
-    extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    extensions: Mutex<HashMap<TypeId, Arc<ExtensionSlot>>>,
     pub(crate) dispatcher: Arc<Dispatcher>,
     /// Ends the grace period of pending asks (see `deadline.rs`).
     pub(crate) ask_ticker: Arc<Ticker>,
@@ -85,10 +87,6 @@ impl SystemShared {
         crate::deadline::within(&self.ask_ticker, timeout, fut)
     }
 
-    pub(crate) fn next_id(&self) -> ActorId {
-        ActorId(self.next_id.fetch_add(1, Ordering::Relaxed))
-    }
-
     pub(crate) fn actor_started(&self) {
         self.live.fetch_add(1, Ordering::AcqRel);
     }
@@ -105,6 +103,10 @@ impl SystemShared {
 
     pub(crate) fn remove_top_level(&self, id: ActorId) {
         self.shard(id).lock().remove(&id);
+    }
+
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
     }
 }
 
@@ -144,7 +146,6 @@ impl ActorSystem {
             shared: Arc::new(SystemShared {
                 name: config.name.into(),
                 runtime,
-                next_id: AtomicU64::new(1),
                 top: (0..TOP_LEVEL_SHARDS)
                     .map(|_| Mutex::new(HashMap::new()))
                     .collect(),
@@ -214,7 +215,7 @@ impl ActorSystem {
         let cell = Cell::create(&self.shared, Parent::System, props);
         let handle: Arc<dyn CellHandle> = cell.clone();
         self.shared.shard(cell.id).lock().insert(cell.id, handle);
-        if self.shared.shutting_down.load(Ordering::Acquire) {
+        if self.shared.is_shutting_down() {
             tracing::warn!(system = %self.shared.name, "actor spawned during shutdown; stopping it at once");
             cell.send_system(SystemMessage::Stop);
         }
@@ -225,21 +226,28 @@ impl ActorSystem {
     /// The system's single instance of extension `T`, created by `init` on first use.
     /// Higher layers (sharding, remoting) keep their per-system state here, so it lives as
     /// long as the system.
+    ///
+    /// `init` runs at most once per type and system, so it may have side effects (start a
+    /// task, register a handler): callers that come while it runs wait for it (blocking
+    /// their thread, like a lock) and get its value; their own `init` is dropped unused. If
+    /// `init` panics, the panic reaches its caller and the next call runs its own `init`.
+    /// `init` may use extensions of other types, but must not ask for `T` itself (that would
+    /// deadlock or panic), nor wait for another thread that is creating an extension whose
+    /// `init` asks for `T`.
     pub fn extension<T: Send + Sync + 'static>(
         &self,
         init: impl FnOnce(&ActorSystem) -> T,
     ) -> Arc<T> {
-        if let Some(ext) = self.shared.extensions.lock().get(&TypeId::of::<T>()) {
-            return ext
-                .clone()
-                .downcast::<T>()
-                .expect("extension stored under its own type id");
-        }
-        // Built outside the lock so `init` may use other extensions.
-        let made: Arc<dyn Any + Send + Sync> = Arc::new(init(self));
-        let mut map = self.shared.extensions.lock();
-        map.entry(TypeId::of::<T>())
-            .or_insert(made)
+        // One slot per type; the map's lock is held only to find it, so `init` runs outside
+        // it and may use other extensions.
+        let slot = self
+            .shared
+            .extensions
+            .lock()
+            .entry(TypeId::of::<T>())
+            .or_default()
+            .clone();
+        slot.get_or_init(|| Arc::new(init(self)))
             .clone()
             .downcast::<T>()
             .expect("extension stored under its own type id")
@@ -273,7 +281,7 @@ impl ActorSystem {
 
     /// True once [`shutdown`](ActorSystem::shutdown) has begun.
     pub fn is_shutting_down(&self) -> bool {
-        self.shared.shutting_down.load(Ordering::Acquire)
+        self.shared.is_shutting_down()
     }
 
     /// Completes when shutdown begins; background tasks of higher layers select on it.
@@ -341,5 +349,77 @@ impl std::fmt::Debug for ActorSystem {
             .field("name", &self.shared.name)
             .field("live_actors", &self.live_actors())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Ext(u32);
+
+    /// Two first calls of `extension` at once: the second waits for the first one's `init`
+    /// instead of running its own (whose side effects would have been kept, and its value
+    /// dropped), and both get the same value.
+    #[test]
+    fn concurrent_first_calls_of_an_extension_run_init_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let system = ActorSystem::with_config(SystemConfig {
+            name: "extension-once".into(),
+            runtime: Some(rt.handle().clone()),
+        });
+        let inits = Arc::new(AtomicUsize::new(0));
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let first = {
+            let (system, inits) = (system.clone(), inits.clone());
+            std::thread::spawn(move || {
+                let ext = system.extension(|_| {
+                    inits.fetch_add(1, Ordering::SeqCst);
+                    entered_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    Ext(1)
+                });
+                ext.0
+            })
+        };
+        entered.recv().unwrap();
+        // The first `init` runs; the second caller finds the extension missing meanwhile.
+        let slot = system
+            .shared
+            .extensions
+            .lock()
+            .get(&TypeId::of::<Ext>())
+            .cloned()
+            .expect("the slot exists while init runs");
+        let held = Arc::strong_count(&slot);
+        let second = {
+            let (system, inits) = (system.clone(), inits.clone());
+            std::thread::spawn(move || {
+                let ext = system.extension(|_| {
+                    inits.fetch_add(1, Ordering::SeqCst);
+                    Ext(2)
+                });
+                ext.0
+            })
+        };
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&slot) == held && !second.is_finished() {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the second call never came"
+            );
+            std::thread::yield_now();
+        }
+        go.send(()).unwrap();
+        assert_eq!(first.join().unwrap(), 1);
+        assert_eq!(
+            second.join().unwrap(),
+            1,
+            "the second caller got another value"
+        );
+        assert_eq!(inits.load(Ordering::SeqCst), 1, "init ran twice");
     }
 }

@@ -197,3 +197,39 @@ mod hooks {
         system.shutdown().await;
     }
 }
+
+/// The termination hook runs before the termination is published: while it runs,
+/// `is_terminated()` is still false (it used to turn true, and the actor left its system's
+/// registry, before the hook ran), so whoever sees an actor terminated also sees its
+/// undelivered messages handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn is_terminated_turns_true_only_after_the_termination_hook() {
+    use parking_lot::Mutex;
+    use shardik_actor::{ActorRef, Termination};
+    use std::sync::Arc;
+
+    let system = ActorSystem::new("terminated-order");
+    let me: Arc<Mutex<Option<ActorRef<WorkMsg>>>> = Arc::default();
+    let seen: Arc<Mutex<Option<(bool, usize)>>> = Arc::default();
+    let (w, _probe) = worker();
+    let props = {
+        let (me, seen) = (me.clone(), seen.clone());
+        Props::new(move || w.clone()).on_termination(move |t: Termination<WorkMsg>| {
+            // Taken, so the hook does not keep its own actor alive.
+            if let Some(me) = me.lock().take() {
+                *seen.lock() = Some((me.is_terminated(), t.undelivered.len()));
+            }
+        })
+    };
+    let a = system.spawn_props(props);
+    *me.lock() = Some(a.clone());
+    a.stop();
+    a.terminated().await;
+    assert!(a.is_terminated());
+    assert_eq!(
+        *seen.lock(),
+        Some((false, 0)),
+        "is_terminated() was already true in the termination hook"
+    );
+    system.shutdown().await;
+}

@@ -189,3 +189,66 @@ async fn a_panicking_termination_hook_does_not_hang_watchers_or_shutdown() {
         .await
         .expect("shutdown completes");
 }
+
+/// `Context::spawn` during a shutdown: the child is stopped at once, like a top-level actor
+/// spawned then, while its parent still runs. It used to run on until its parent stopped.
+#[tokio::test(start_paused = true)]
+async fn a_child_spawned_during_shutdown_is_stopped_at_once() {
+    use common::Gate;
+    use shardik_actor::ActorRef;
+
+    struct Child;
+    impl Actor for Child {
+        type Msg = ();
+        async fn handle(&mut self, _m: (), _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+            Ok(())
+        }
+    }
+    /// Waits for `spawn`, spawns a child, hands it over, and waits for `finish`.
+    struct Parent {
+        spawn: Gate,
+        finish: Gate,
+        child: Option<tokio::sync::oneshot::Sender<ActorRef<()>>>,
+    }
+    impl Actor for Parent {
+        type Msg = ();
+        async fn handle(&mut self, _m: (), ctx: &mut Context<Self>) -> Result<(), ActorError> {
+            self.spawn.wait().await;
+            let child = ctx.spawn(Props::from_instance(Child));
+            if let Some(tx) = self.child.take() {
+                let _ = tx.send(child);
+            }
+            self.finish.wait().await;
+            Ok(())
+        }
+    }
+
+    let system = ActorSystem::new("shutdown-child");
+    let (spawn, finish) = (Gate::new(), Gate::new());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let parent = system.spawn(Parent {
+        spawn: spawn.clone(),
+        finish: finish.clone(),
+        child: Some(tx),
+    });
+    parent.tell(());
+    let shutdown = tokio::spawn({
+        let system = system.clone();
+        async move { system.shutdown().await }
+    });
+    system.shutdown_started().await;
+    spawn.open();
+    let child = rx.await.expect("the parent spawned a child");
+    // On the paused clock this timeout fires as soon as everything is idle.
+    let t = tokio::time::timeout(Duration::from_secs(60), child.terminated())
+        .await
+        .expect("the child is stopped at once, not when its parent stops");
+    assert_eq!(t.reason, StopReason::Stopped);
+    assert!(
+        !parent.is_terminated(),
+        "the parent still handles its message"
+    );
+    finish.open();
+    shutdown.await.unwrap();
+    assert_eq!(system.live_actors(), 0);
+}

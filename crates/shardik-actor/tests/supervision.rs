@@ -76,6 +76,19 @@ struct Harness {
     failing_starts: Arc<AtomicUsize>,
 }
 
+/// A first incarnation made by hand (for `Props::from_instance`), sharing a harness.
+fn flaky_instance() -> (Flaky, Harness) {
+    let (props, h) = flaky(SupervisorStrategy::Stop, 0);
+    drop(props);
+    let instance = Flaky {
+        total: 0,
+        incarnation: 1,
+        events: h.events.clone(),
+        failing_starts: h.failing_starts.clone(),
+    };
+    (instance, h)
+}
+
 fn flaky(strategy: SupervisorStrategy, failing_starts: usize) -> (Props<Flaky>, Harness) {
     let events = log();
     let failing_starts = Arc::new(AtomicUsize::new(failing_starts));
@@ -536,14 +549,7 @@ async fn a_factory_that_panics_on_restart_is_retried() {
 #[tokio::test]
 async fn an_actor_from_an_instance_cannot_restart_and_stops() {
     let system = ActorSystem::new("sup-instance");
-    let (props, h) = flaky(SupervisorStrategy::Stop, 0);
-    drop(props);
-    let instance = Flaky {
-        total: 0,
-        incarnation: 1,
-        events: h.events.clone(),
-        failing_starts: h.failing_starts.clone(),
-    };
+    let (instance, h) = flaky_instance();
     let actor = system.spawn_props(Props::from_instance(instance).supervisor(restart(10)));
     actor.tell(Msg::Add(1));
     actor.tell(Msg::Fail);
@@ -672,4 +678,170 @@ async fn an_instance_whose_drop_panics_neither_wedges_a_restart_nor_the_stop() {
     tokio::time::timeout(Duration::from_secs(5), system.shutdown())
         .await
         .expect("the system shuts down");
+}
+
+/// Where [`StopsThenFails`] calls `ctx.stop()` and then fails.
+#[derive(Clone, Copy, Debug)]
+enum StopThenFail {
+    Started,
+    Handle,
+    Terminated,
+}
+
+struct StopsThenFails {
+    at: StopThenFail,
+    watch: Option<ActorRef<()>>,
+}
+
+impl Actor for StopsThenFails {
+    type Msg = ();
+    async fn started(&mut self, ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        if let Some(target) = &self.watch {
+            ctx.watch(target);
+        }
+        if let StopThenFail::Started = self.at {
+            ctx.stop();
+            return Err("failed after ctx.stop()".into());
+        }
+        Ok(())
+    }
+    async fn handle(&mut self, _msg: (), ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        ctx.stop();
+        Err("failed after ctx.stop()".into())
+    }
+    async fn terminated(
+        &mut self,
+        ctx: &mut Context<Self>,
+        _t: shardik_actor::Terminated,
+    ) -> Result<(), ActorError> {
+        ctx.stop();
+        Err("failed after ctx.stop()".into())
+    }
+}
+
+/// `ctx.stop()` and then a failure, under a restart strategy: the actor stops (as
+/// `Stopped`) without a new instance, whether the failure is in `handle`, in `terminated` or
+/// in `started`. A new instance used to be built and started first (and a `started` that
+/// did this was restarted up to the limit).
+#[tokio::test]
+async fn a_failure_after_ctx_stop_stops_without_a_new_instance() {
+    for at in [
+        StopThenFail::Handle,
+        StopThenFail::Terminated,
+        StopThenFail::Started,
+    ] {
+        let system = ActorSystem::new("sup-stop-then-fail");
+        let made = Arc::new(AtomicUsize::new(0));
+        let target = system.spawn(HookTarget);
+        let props = {
+            let made = made.clone();
+            let watch = matches!(at, StopThenFail::Terminated).then(|| target.clone());
+            Props::new(move || {
+                made.fetch_add(1, Ordering::SeqCst);
+                StopsThenFails {
+                    at,
+                    watch: watch.clone(),
+                }
+            })
+            .supervisor(restart(10))
+        };
+        let actor = system.spawn_props(props);
+        match at {
+            StopThenFail::Handle => actor.tell(()),
+            StopThenFail::Terminated => target.stop(),
+            StopThenFail::Started => {}
+        }
+        let t = tokio::time::timeout(Duration::from_secs(10), actor.terminated())
+            .await
+            .unwrap_or_else(|_| panic!("{at:?}: the actor terminates"));
+        assert_eq!(t.reason, StopReason::Stopped, "{at:?}");
+        assert_eq!(made.load(Ordering::SeqCst), 1, "{at:?}: no new instance");
+        system.shutdown().await;
+    }
+}
+
+/// Fails in `started`, every time, at once.
+struct NeverStarts {
+    failures: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+impl Actor for NeverStarts {
+    type Msg = ();
+    async fn started(&mut self, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        let _ = self.failures.send(());
+        Err("cannot start".into())
+    }
+    async fn handle(&mut self, _msg: (), _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        Ok(())
+    }
+}
+
+/// An actor whose `started` always fails at once, restarted without backoff and without a
+/// limit that it could reach, on a current-thread runtime: its restarts yield to the runtime,
+/// so `stop()` and the shutdown still get their turn. The restart loop used to run without
+/// ever returning `Pending`, and the runtime's only thread never ran anything else again.
+/// (On its own thread, so that a regression fails on the timeout instead of hanging.)
+#[test]
+fn restarts_without_backoff_still_let_a_current_thread_runtime_stop_the_actor() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let system = ActorSystem::new("sup-tight-restarts");
+            let (failures_tx, mut failures) = tokio::sync::mpsc::unbounded_channel();
+            let policy = RestartPolicy::new(u32::MAX, Duration::from_secs(60));
+            let actor = system.spawn_props(
+                Props::new(move || NeverStarts {
+                    failures: failures_tx.clone(),
+                })
+                .supervisor(SupervisorStrategy::Restart(policy)),
+            );
+            // It failed once: it is in its restart loop now.
+            failures.recv().await;
+            actor.stop();
+            let t = actor.terminated().await;
+            system.shutdown().await;
+            let _ = done.send(t.reason);
+        });
+    });
+    let reason = finished.recv_timeout(Duration::from_secs(30)).expect(
+        "the actor stopped and the system shut down (the restart loop starved the runtime)",
+    );
+    assert_eq!(reason, StopReason::Stopped);
+}
+
+/// An actor spawned from an instance has no factory to restart from: under a restart
+/// strategy it stops at its first failure, like with `Stop` (its `stopped` hook runs), with
+/// the failure in the reason. It used to wait out the restart backoff and count a restart
+/// first, and its reason lost the original error.
+#[tokio::test(start_paused = true)]
+async fn an_instance_actor_under_a_restart_strategy_stops_at_its_first_failure() {
+    let system = ActorSystem::new("sup-instance-restart");
+    let (instance, h) = flaky_instance();
+    let policy = RestartPolicy::new(10, Duration::from_secs(60))
+        .with_backoff(Duration::from_secs(30), Duration::from_secs(30));
+    let actor = system.spawn_props(
+        Props::from_instance(instance).supervisor(SupervisorStrategy::Restart(policy)),
+    );
+    assert_eq!(get(&actor).await, Ok(0));
+    let start = Instant::now();
+    actor.tell(Msg::Fail);
+    let t = actor.terminated().await;
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "it waited {:?} (the backoff is 30 s)",
+        start.elapsed()
+    );
+    match t.reason {
+        StopReason::Failed(why) => {
+            assert!(why.contains("boom"), "{why}");
+            assert!(why.contains("cannot be recreated"), "{why}");
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    assert_eq!(h.events(), ["started 1", "stopped 1"]);
+    system.shutdown().await;
 }

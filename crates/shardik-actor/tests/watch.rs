@@ -400,3 +400,34 @@ async fn watching_again_after_unwatch_delivers_exactly_one_notice() {
     assert!(matches!(log[0], Event::Terminated(ref t) if t.id == a.id()));
     system.shutdown().await;
 }
+
+/// Actor ids are unique in the process, not only within one system. They were counted per
+/// system, and watch bookkeeping keys on them: here the second actor of `s1` unwatching `b`
+/// in `s2` (which it never watched) withdrew the `terminated()` wait that had the same
+/// number in `s2`, and that wait then panicked ("termination notice is always sent").
+#[tokio::test]
+async fn ids_are_unique_across_systems_and_a_foreign_unwatch_removes_no_other_watch() {
+    use futures_util::FutureExt;
+    let s1 = ActorSystem::new("ids-one");
+    let s2 = ActorSystem::new("ids-two");
+    let b = target(&s2, "b");
+    // Waits on `b` under the next id (in `s2`'s own count, the second one).
+    let mut waiting = Box::pin(b.terminated());
+    assert!(waiting.as_mut().now_or_never().is_none(), "b still runs");
+    let watchers: Vec<_> = (0..4).map(|_| watcher(&s1).0).collect();
+    let mut ids: Vec<_> = watchers.iter().map(|w| w.id()).chain([b.id()]).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 5, "two systems handed out the same id");
+    for w in &watchers {
+        w.tell(WMsg::Unwatch(b.clone()));
+        log_of(w).await;
+    }
+    b.stop();
+    let t = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the wait on b was kept");
+    assert_eq!(t.id, b.id());
+    s1.shutdown().await;
+    s2.shutdown().await;
+}
