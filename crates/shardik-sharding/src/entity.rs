@@ -11,6 +11,10 @@ use crate::hash::{ShardFn, ShardId};
 
 /// Default number of shards of an entity type.
 pub const DEFAULT_SHARDS: u32 = 100;
+/// The largest shard count an entity type (or a cluster proxy) may have: 65 536. A region
+/// keeps a little state per shard from the start (a lock, counters), so a count far beyond
+/// the shards a cluster can use would only cost memory, and `u32::MAX` would not fit in it.
+pub const MAX_SHARDS: u32 = 1 << 16;
 /// Default limit of messages buffered per entity while it stops.
 pub const DEFAULT_BUFFER_LIMIT: usize = 10_000;
 
@@ -99,8 +103,9 @@ impl<A: Actor> EntityType<A> {
         }
     }
 
-    /// The number of shards (default 100). Pick about ten times the largest number of nodes
-    /// you expect; it cannot change while any node runs the type.
+    /// The number of shards (default 100), from 1 to [`MAX_SHARDS`] (65 536; starting the type
+    /// with another count is [`ShardingError::InvalidSettings`]). Pick about ten times the
+    /// largest number of nodes you expect; it cannot change while any node runs the type.
     pub fn shards(mut self, shards: u32) -> Self {
         self.shards = shards;
         self
@@ -186,8 +191,8 @@ impl<A: Actor> EntityType<A> {
     pub(crate) fn validate(&self) -> Result<(), ShardingError> {
         let problem = if self.name.is_empty() {
             Some("the type name is empty".to_string())
-        } else if self.shards == 0 {
-            Some("the shard count must be at least 1".to_string())
+        } else if let Some(problem) = shard_count_problem(self.shards) {
+            Some(problem)
         } else if self.max_live == Some(0) {
             Some("max_live_entities must be at least 1".to_string())
         } else if self.idle_timeout == Some(Duration::ZERO) {
@@ -213,6 +218,19 @@ impl<A: Actor> EntityType<A> {
     }
 }
 
+/// What is wrong with a shard count, if anything (outside 1 to [`MAX_SHARDS`]).
+pub(crate) fn shard_count_problem(shards: u32) -> Option<String> {
+    if shards == 0 {
+        Some("the shard count must be at least 1".to_string())
+    } else if shards > MAX_SHARDS {
+        Some(format!(
+            "the shard count {shards} is above the maximum of {MAX_SHARDS}"
+        ))
+    } else {
+        None
+    }
+}
+
 impl<A: Actor> std::fmt::Debug for EntityType<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EntityType")
@@ -224,5 +242,39 @@ impl<A: Actor> std::fmt::Debug for EntityType<A> {
             .field("settings", &self.settings)
             .field("shard_fn", &self.shard_fn)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardik_actor::{ActorError, Context};
+
+    struct Nop;
+
+    impl Actor for Nop {
+        type Msg = ();
+
+        async fn handle(&mut self, _m: (), _c: &mut Context<Self>) -> Result<(), ActorError> {
+            Ok(())
+        }
+    }
+
+    /// A shard count above the maximum is refused before anything is allocated per shard
+    /// (`u32::MAX` used to try to allocate four billion locks, and abort).
+    #[test]
+    fn the_shard_count_is_bounded() {
+        let with = |n: u32| EntityType::new("t", |_: &str| Nop).shards(n).validate();
+        assert!(with(1).is_ok());
+        assert!(with(MAX_SHARDS).is_ok());
+        for n in [0, MAX_SHARDS + 1, u32::MAX] {
+            match with(n) {
+                Err(ShardingError::InvalidSettings { name, problem }) => {
+                    assert_eq!(name, "t");
+                    assert!(problem.contains("shard count"), "{problem}");
+                }
+                other => panic!("{n} shards: expected InvalidSettings, got {other:?}"),
+            }
+        }
     }
 }

@@ -68,7 +68,7 @@ mod sharding;
 mod stats;
 
 pub use coordination::FencingToken;
-pub use entity::{EntityType, DEFAULT_BUFFER_LIMIT, DEFAULT_SHARDS};
+pub use entity::{EntityType, DEFAULT_BUFFER_LIMIT, DEFAULT_SHARDS, MAX_SHARDS};
 pub use error::ShardingError;
 pub use extract::{ExtractAskError, ExtractError, ExtractingRegion, Extractor, MessageExtractor};
 pub use handle::{EntityRef, Region};

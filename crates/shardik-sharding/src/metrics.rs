@@ -40,11 +40,16 @@ impl EntityMetrics {
 /// A cluster region's shards: `shardik_sharding_shards_hosted{entity_type, node}` and its
 /// hand-offs, `shardik_sharding_handoffs_total{entity_type, node}` and
 /// `shardik_sharding_handoff_seconds{entity_type, node}` (from the coordinator's order to stop a
-/// shard until its entities stopped and, with remember entities, its ids are replicated).
+/// shard until its entities stopped and, with remember entities, its ids are replicated), and
+/// its fencing counters `shardik_sharding_fenced_total`, `shardik_sharding_fenced_dropped_total`
+/// and `shardik_sharding_forward_refused_total` (same labels).
 pub(crate) struct RegionMetrics {
     pub(crate) shards_hosted: Gauge,
     pub(crate) handoffs: Counter,
     pub(crate) handoff_seconds: Histogram,
+    pub(crate) fenced: Counter,
+    pub(crate) fenced_dropped: Counter,
+    pub(crate) forward_refused: Counter,
 }
 
 impl RegionMetrics {
@@ -57,6 +62,9 @@ impl RegionMetrics {
             shards_hosted: metrics::gauge!("shardik_sharding_shards_hosted", &labels),
             handoffs: metrics::counter!("shardik_sharding_handoffs_total", &labels),
             handoff_seconds: metrics::histogram!("shardik_sharding_handoff_seconds", &labels),
+            fenced: metrics::counter!("shardik_sharding_fenced_total", &labels),
+            fenced_dropped: metrics::counter!("shardik_sharding_fenced_dropped_total", &labels),
+            forward_refused: metrics::counter!("shardik_sharding_forward_refused_total", &labels),
         }
     }
 }

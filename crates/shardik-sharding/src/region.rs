@@ -315,11 +315,43 @@ impl<A: Actor> LocalRegion<A> {
         }
     }
 
+    /// Locks the shard that holds incarnation `incarnation` of entity `id`: the one the
+    /// type's shard function names, or else the one it was started in. A peer's message is
+    /// delivered to the shard the peer computed; with a shard function that differs between
+    /// nodes (beyond the probe ids the coordinator compares) that is another one, and judged
+    /// by the local function the termination was stale and the shard stayed stopping for
+    /// good, holding its hand-off (found by an audit on 2026-11-29). Only then, or for a
+    /// termination that is stale indeed, are the other shards searched; not found, the
+    /// function's shard.
+    fn lock_holder(
+        &self,
+        id: &str,
+        incarnation: u64,
+    ) -> (ShardId, parking_lot::MutexGuard<'_, LocalShard<A::Msg>>) {
+        let own = self.shard_fn.shard(id, self.shard_count);
+        let guard = self.shards[own as usize].lock();
+        if guard.holds(id, incarnation) {
+            return (own, guard);
+        }
+        drop(guard);
+        // An incarnation is entered in its shard under that shard's lock, before the lock
+        // is released, so a termination that locks the shard finds it there.
+        for (shard, state) in self.shards.iter().enumerate() {
+            if shard as ShardId != own {
+                let guard = state.lock();
+                if guard.holds(id, incarnation) {
+                    return (shard as ShardId, guard);
+                }
+            }
+        }
+        (own, self.shards[own as usize].lock())
+    }
+
     fn on_terminated(&self, t: Termination<A::Msg>) {
         // Every incarnation was spawned by `spawn_entity` and ends here once.
         self.metrics.ended();
         let Some(id) = t.name else { return };
-        let shard = self.shard_fn.shard(&id, self.shard_count);
+        let (shard, state) = self.lock_holder(&id, t.id.as_u64());
         let ended = Ended {
             incarnation: t.id.as_u64(),
             undelivered: t.undelivered,
@@ -329,7 +361,7 @@ impl<A: Actor> LocalRegion<A> {
         let mut victims = Vec::new();
         let mut respawn = !self.system.is_shutting_down();
         let (after, unhandled, handing, counted) = {
-            let mut state = self.shards[shard as usize].lock();
+            let mut state = state;
             // A force-stopped shard's entities are not started again here: what they had not
             // handled goes with the shard to its next home. Read under the shard's lock:
             // `force_stop_shard` registers the shard before it takes that lock, so either it
@@ -779,6 +811,37 @@ mod tests {
         async fn handle(&mut self, _m: u32, _c: &mut Context<Self>) -> Result<(), ActorError> {
             Ok(())
         }
+    }
+
+    /// A peer whose shard function differs from this node's delivers into the shard it
+    /// computed: stopping that shard still ends once the entity ended (it stayed stopping
+    /// for good, the termination taken as stale for the shard the local function names).
+    #[tokio::test]
+    async fn a_shard_stops_with_an_entity_delivered_to_it_by_another_shard_function() {
+        let system = ActorSystem::new("other-shard-fn");
+        let region = LocalRegion::start(
+            &system,
+            EntityType::new("nop", |_: &str| Nop)
+                .shards(4)
+                .shard_fn(|_: &str, _: u32| 0),
+        );
+        assert_eq!(region.shard_of("x"), 0);
+        let (started, result) = region.deliver_new(2, "x", 1);
+        assert!(started && result.is_ok());
+        assert_eq!(region.shard_entities(), vec![0, 0, 1, 0]);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        region.stop_shard(
+            2,
+            Box::new(move || {
+                let _ = tx.send(());
+            }),
+        );
+        tokio::time::timeout(Duration::from_secs(5), rx)
+            .await
+            .expect("shard 2 stopped")
+            .unwrap();
+        assert_eq!(region.shard_entities(), vec![0; 4]);
+        system.shutdown().await;
     }
 
     #[tokio::test]

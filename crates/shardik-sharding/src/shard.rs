@@ -530,6 +530,16 @@ impl<M, H: EntityHandle<M> + Clone> ShardState<M, H> {
             .sum()
     }
 
+    /// Whether incarnation `incarnation` of entity `id` lives here (active or stopping).
+    pub fn holds(&self, id: &str, incarnation: u64) -> bool {
+        match self.entities.get(id) {
+            Some(Slot::Active { handle, .. } | Slot::Stopping { handle, .. }) => {
+                handle.incarnation() == incarnation
+            }
+            None => false,
+        }
+    }
+
     /// Whether entity `id` is active (true), stopping (false) or unknown (None).
     pub fn is_active(&self, id: &str) -> Option<bool> {
         self.entities

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use cluster_util::*;
 use shardik_actor::{AskError, TellError};
 use shardik_sharding::cluster::ClusterSharding;
+use shardik_sharding::ShardingError;
 
 const QUEUE: usize = 16;
 
@@ -79,6 +80,12 @@ async fn full_peer_queue_hands_the_message_back() {
         .await;
     assert!(matches!(r, Err(AskError::MailboxFull)), "{r:?}");
     assert!(started.elapsed() < Duration::from_secs(1));
+    // Every refusal is counted, the ask's too (before 2026-11-29 the cluster layer's
+    // refusals were not: only what the local entities refused).
+    assert_eq!(
+        nodes[0].region.stats().rejected_total,
+        refused.len() as u64 + 1
+    );
 
     // Once the queue drains, exactly the accepted messages arrive, in order.
     let got = poll_value(&nodes[1], &id, accepted.len()).await;
@@ -86,6 +93,37 @@ async fn full_peer_queue_hands_the_message_back() {
     assert_eq!(seqs, accepted);
     reg.assert_single_writer();
     stop_all(&nodes).await;
+}
+
+/// A proxy counts what it refuses (its full buffer here: no node hosts the type, so no home
+/// is known), and its shard count is bounded like a hosting type's.
+#[tokio::test]
+async fn a_proxy_counts_what_it_refuses_and_its_shard_count_is_bounded() {
+    let (system, cluster) = up("p0", config("p0")).await;
+    let sharding = ClusterSharding::get(&cluster);
+    for shards in [0, shardik_sharding::MAX_SHARDS + 1, u32::MAX] {
+        match sharding.start_proxy::<Msg>(TYPE, shards) {
+            Err(ShardingError::InvalidSettings { problem, .. }) => {
+                assert!(problem.contains("shard count"), "{problem}")
+            }
+            other => panic!("{shards} shards: {:?}", other.map(|_| ())),
+        }
+    }
+    let proxy = sharding
+        .start_proxy_with::<Msg>(TYPE, 8, settings().buffer_limit(2))
+        .unwrap();
+    for seq in 0..2 {
+        proxy.try_tell("a", Msg::Add { sender: 1, seq }).unwrap();
+    }
+    assert!(matches!(
+        proxy.try_tell("a", Msg::Add { sender: 1, seq: 2 }),
+        Err(TellError::MailboxFull(_))
+    ));
+    proxy.tell("a", Msg::Add { sender: 1, seq: 3 });
+    let stats = proxy.stats();
+    assert_eq!((stats.buffered_messages, stats.rejected_total), (2, 2));
+    cluster.shutdown().await;
+    system.shutdown().await;
 }
 
 /// What the entity received, once it holds `n` messages.

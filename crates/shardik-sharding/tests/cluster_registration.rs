@@ -410,3 +410,18 @@ fn late_register_ack_of_the_previous_coordinator_does_not_end_registration() {
     assert_eq!(region.epoch(), 2);
     assert!(b.live_regions().any(|r| *r == me));
 }
+
+/// A node id may hold a `#`, the separator of region ids (`address#node_id#incarnation`):
+/// the coordinator still finds the region's node among the members (before 2026-11-29 it
+/// did not, and dropped the registration, so the type never worked on such a node).
+#[tokio::test]
+async fn a_node_whose_id_holds_a_hash_registers_and_hosts() {
+    let reg = Arc::new(Registry::default());
+    let node = start_node("n#0", None, SHARDS, &reg).await;
+    node.sharding
+        .wait_registered(TYPE, WAIT)
+        .await
+        .expect("registered");
+    assert_eq!(where_is(&node, "a").await, "n#0");
+    stop_all(&[node]).await;
+}

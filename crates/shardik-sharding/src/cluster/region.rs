@@ -120,6 +120,10 @@ pub(crate) struct ClusterRegion<M> {
     registration: watch::Sender<Registration>,
     placement: RegionRole,
     metrics: crate::metrics::RegionMetrics,
+    /// Messages this layer refused or recorded as dead letters (a full buffer, a refused
+    /// region, a full peer queue, a stopped or fenced node), added to the local host's count
+    /// in [`RegionStats::rejected_total`]; what the local entities refuse the host counts.
+    rejected: Arc<AtomicU64>,
 }
 
 /// The region's state, locked for a change that may move shards: holds `gate` for writing,
@@ -231,6 +235,7 @@ where
             registration: watch::channel(Registration::Pending).0,
             placement,
             metrics: crate::metrics::RegionMetrics::new(type_name, &cluster.self_node().node_id),
+            rejected: Arc::new(AtomicU64::new(0)),
         });
         let remote = cluster.remote();
         let r = region.clone();
@@ -455,7 +460,7 @@ where
             .deliver_here(env.shard, &env.entity_id, env.payload)
             .is_err()
         {
-            self.dead_letter(&env.entity_id, "entity refused the message");
+            self.dead_letter_counted(&env.entity_id, "entity refused the message");
         }
         None
     }
@@ -555,7 +560,7 @@ where
                 held.push((shard, entity_id, payload, false));
                 g.held_sent += 1;
             } else {
-                metrics::counter!("shardik_sharding_fenced_dropped_total", "entity_type" => self.type_name.clone()).increment(1);
+                self.metrics.fenced_dropped.increment(1);
                 self.dead_letter(&entity_id, "node fenced and its buffer full");
             }
             return;
@@ -566,7 +571,7 @@ where
             self.deliver_here(shard, &entity_id, payload)
         };
         if delivered.is_err() {
-            self.dead_letter(&entity_id, "entity refused the message");
+            self.dead_letter_counted(&entity_id, "entity refused the message");
         }
     }
 
@@ -587,7 +592,7 @@ where
                         from: self.self_id.clone(),
                         msg,
                     }) {
-                        metrics::counter!("shardik_sharding_forward_refused_total", "entity_type" => self.type_name.clone()).increment(1);
+                        self.metrics.forward_refused.increment(1);
                         tracing::debug!(entity_type = %self.type_name, region = %to, "message to a peer region not sent: {}", refused.error);
                         match refused.msg {
                             // Handed back: the sender sees the refusal if it is waiting.
@@ -616,11 +621,18 @@ where
                                     g.unsent_fences.push((to.clone(), fence));
                                 }
                             }
-                            _ => self.system().record_dead_letter(
-                                &format_args!("{}{}", region_addr(&to), peer_path(&self.type_name)),
-                                std::any::type_name::<M>(),
-                                "peer region's queue full, or the message not encodable",
-                            ),
+                            _ => {
+                                self.rejected.fetch_add(1, Ordering::Relaxed);
+                                self.system().record_dead_letter(
+                                    &format_args!(
+                                        "{}{}",
+                                        region_addr(&to),
+                                        peer_path(&self.type_name)
+                                    ),
+                                    std::any::type_name::<M>(),
+                                    "peer region's queue full, or the message not encodable",
+                                )
+                            }
                         }
                     }
                 }
@@ -726,7 +738,14 @@ where
         }
     }
 
+    /// Records a message this layer gives up on as a dead letter, and counts it.
     fn dead_letter(&self, id: &str, reason: &'static str) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.dead_letter_counted(id, reason);
+    }
+
+    /// Records a dead letter that the local host counted already (its entity refused it).
+    fn dead_letter_counted(&self, id: &str, reason: &'static str) {
         self.system().record_dead_letter(
             &format_args!("{}/{}", self.type_name, id),
             std::any::type_name::<M>(),
@@ -921,7 +940,7 @@ where
                 if self.held_for_leave.load(Ordering::SeqCst) {
                     tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "leave out of time: stopping the entities of every shard still here");
                 } else {
-                    metrics::counter!("shardik_sharding_fenced_total", "entity_type" => self.type_name.clone()).increment(1);
+                    self.metrics.fenced.increment(1);
                     tracing::warn!(entity_type = %self.type_name, shards = hosted.len(), "node fenced: stopping the entities of every hosted shard");
                 }
                 for shard in hosted {
@@ -999,6 +1018,7 @@ where
         let tx = self.events.clone();
         let system = self.system().clone();
         let type_name = self.type_name.clone();
+        let rejected = self.rejected.clone();
         Arc::new(move |id: EntityId, msgs: Vec<M>| {
             let count = msgs.len();
             let event = if fenced {
@@ -1011,6 +1031,7 @@ where
                 RegionEvent::Unhandled(shard, envelopes)
             };
             if tx.send(event).is_err() {
+                rejected.fetch_add(count as u64, Ordering::Relaxed);
                 for _ in 0..count {
                     system.record_dead_letter(
                         &format_args!("{type_name}/{id}"),
@@ -1143,6 +1164,7 @@ where
 {
     fn deliver(&self, shard: ShardId, id: &str, msg: M) -> Result<(), TellError<M>> {
         if self.stopped.load(Ordering::Relaxed) {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(TellError::Stopped(msg));
         }
         // A shard hosted here: what `send` + `DeliverLocal` would do, without an envelope and
@@ -1166,10 +1188,14 @@ where
         if res.is_ok() && g.refused.last().is_some_and(|e| e.entity_id == id) {
             let env = g.refused.pop().expect("checked");
             self.drop_refused(&mut g);
+            self.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(TellError::MailboxFull(env.payload));
         }
         self.drop_refused(&mut g);
         self.debug_check_flag(&g, shard);
+        if res.is_err() {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+        }
         res.map_err(|r| match r.error {
             SendError::BufferFull { .. } => TellError::MailboxFull(r.envelope.payload),
             // (The region's asks and dead letters say why: `RegionCore::refusal`.)
@@ -1208,6 +1234,7 @@ where
         let mut stats = self.local.stats();
         let g = self.inner.lock();
         stats.buffered_messages += g.state.buffered() + g.fenced.as_ref().map_or(0, Vec::len);
+        stats.rejected_total += self.rejected.load(Ordering::Relaxed);
         stats
     }
 

@@ -237,7 +237,8 @@ impl ClusterSharding {
     ///
     /// # Errors
     /// [`ShardingError::AlreadyStarted`] if a type of that name runs already,
-    /// [`ShardingError::InvalidSettings`] for an empty name or a zero shard count.
+    /// [`ShardingError::InvalidSettings`] for an empty name or a shard count of 0 or above
+    /// [`MAX_SHARDS`](crate::MAX_SHARDS).
     pub fn start_proxy<M>(
         &self,
         type_name: &str,
@@ -280,8 +281,8 @@ impl ClusterSharding {
     {
         let problem = if type_name.is_empty() {
             Some("the type name is empty".to_string())
-        } else if shard_count == 0 {
-            Some("the shard count must be at least 1".to_string())
+        } else if let Some(problem) = crate::entity::shard_count_problem(shard_count) {
+            Some(problem)
         } else {
             settings.problem()
         };

@@ -34,6 +34,9 @@ pub(crate) fn coordinator_path(type_name: &str) -> String {
 }
 
 /// The region id of a node: `address#node_id#incarnation`, ordered by address like members.
+/// Read back by [`region_node`]: the address (`host:port`) and the incarnation (a number)
+/// hold no `#`, so the node id is everything between the first `#` and the last, whatever
+/// it holds (a `#` too).
 pub(crate) fn region_id(node: &UniqueAddress) -> RegionId {
     RegionId(format!(
         "{}#{}#{}",
@@ -46,12 +49,13 @@ pub(crate) fn region_addr(region: &RegionId) -> &str {
     region.0.split('#').next().unwrap_or(&region.0)
 }
 
-/// The node of a region id.
+/// The node of a region id (see [`region_id`]).
 pub(crate) fn region_node(region: &RegionId) -> Option<UniqueAddress> {
-    let mut parts = region.0.split('#');
-    let address = parts.next()?;
-    let node_id = parts.next()?;
-    let incarnation = parts.next()?.parse().ok()?;
+    // Split at the first `#` and the last, not at every one: a node id may hold a `#`
+    // (before 2026-11-29 such a node's region matched no member, so it never registered).
+    let (address, rest) = region.0.split_once('#')?;
+    let (node_id, incarnation) = rest.rsplit_once('#')?;
+    let incarnation = incarnation.parse().ok()?;
     Some(UniqueAddress::new(address, node_id, incarnation))
 }
 
@@ -271,6 +275,20 @@ mod tests {
         assert_eq!(r.0, "127.0.0.1:7000#n0#42");
         assert_eq!(region_addr(&r), "127.0.0.1:7000");
         assert_eq!(region_node(&r), Some(n));
+    }
+
+    /// A node id may hold the separator (or be made of it): the region id still names the
+    /// node's address and its node.
+    #[test]
+    fn region_ids_of_node_ids_with_a_hash_name_their_node() {
+        for node_id in ["a#b", "#", "n#0#1", "x#", "#y"] {
+            let n = UniqueAddress::new("127.0.0.1:7000", node_id, 42);
+            let r = region_id(&n);
+            assert_eq!(region_addr(&r), "127.0.0.1:7000", "{node_id}");
+            assert_eq!(region_node(&r), Some(n), "{node_id}");
+        }
+        assert_eq!(region_node(&RegionId("127.0.0.1:7000#n0".into())), None);
+        assert_eq!(region_node(&RegionId("127.0.0.1:7000#n0#x".into())), None);
     }
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]

@@ -98,7 +98,10 @@ pub enum Input {
     /// Whether membership is stable (no member joining or unreachable). Rebalance only runs while
     /// it is.
     MembershipStable(bool),
-    /// The region's node is leaving gracefully: hand off all its shards.
+    /// The region's node is leaving gracefully: hand off all its shards. Answered with
+    /// [`ToRegion::LeaveComplete`] once it owns none, and again on every repeat while it
+    /// owns none (the answer is a control message that may be lost; the region repeats
+    /// `Leaving` until it gets one).
     RegionLeaving(RegionId),
     /// The region's node is downed or removed, but its entities may still be stopping: the IO
     /// layer waits (a margin) before [`Input::RegionDown`]. From now on no shard is allocated
@@ -231,6 +234,8 @@ pub struct Coordinator {
     deferred: VecDeque<(Version, Deferred)>,
     live: BTreeSet<RegionId>,
     leaving: BTreeSet<RegionId>,
+    /// Leaving regions told `LeaveComplete` since they last asked (a tick does not repeat
+    /// it; their next `Leaving` does).
     leave_completed: BTreeSet<RegionId>,
     downed: BTreeSet<RegionId>,
     /// Regions reported [`Input::RegionGone`] and not yet down.
@@ -383,6 +388,10 @@ impl Coordinator {
             Input::MembershipStable(s) => self.stable = s,
             Input::RegionLeaving(r) => {
                 if !self.downed.contains(&r) {
+                    // Asked again: answered again (below, once it owns no shard). Sent once,
+                    // a lost `LeaveComplete` left the region asking in vain until its
+                    // leave timed out (found by an audit on 2026-11-29).
+                    self.leave_completed.remove(&r);
                     self.leaving.insert(r);
                     self.drive_leaving(out);
                 }

@@ -541,22 +541,46 @@ impl<M> RegionState<M> {
         }
     }
 
+    /// Delivers or forwards what waited for `shard`, whose home the coordinator just gave
+    /// (`on_home`: a `ShardHome`, a `RegisterAck`, or the next home learnt while stopping).
+    ///
+    /// Forwarded even past the hop limit: a message that reached it was buffered to ask the
+    /// coordinator afresh, and this is the answer. (Routed by `route` instead, it was
+    /// buffered again, the home asked again, and so on at round-trip speed for good, with
+    /// everything behind it for the shard, local senders' messages too.) A loop between
+    /// caches is still cut: past the limit no region forwards on its cached home, only on a
+    /// fresh answer, so each further hop costs a coordinator round trip and refreshes the
+    /// cache of the region that makes it. Nothing is buffered again here, so the marks of
+    /// the accepted messages at the buffer's front are not needed any more; a slot that is
+    /// neither `Local` nor `Remote` (not a case `on_home` leaves) keeps buffer and marks.
     fn flush(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
+        let to = match self.slots.get(&shard) {
+            Some(Slot::Local) => None,
+            Some(Slot::Remote(r)) => Some(r.clone()),
+            _ => return,
+        };
         let (unhandled, held) = self.accepted.remove(&shard).unwrap_or_default();
         let Some(buf) = self.buffers.remove(&shard) else {
             return;
         };
-        let local = matches!(self.slots.get(&shard), Some(Slot::Local));
-        for (i, env) in buf.into_iter().enumerate() {
-            if local && i < unhandled + held {
-                self.stats.delivered_local += 1;
-                out.push(RegionAction::DeliverAccepted(env));
-                continue;
-            }
-            // The slot is Local or Remote here, so nothing is buffered again unless hops run out;
-            // a full buffer cannot happen for a shard whose buffer was just emptied.
-            if let Err(r) = self.route(env, false, out) {
-                out.push(RegionAction::Rejected(r));
+        for (i, mut env) in buf.into_iter().enumerate() {
+            match &to {
+                None => {
+                    self.stats.delivered_local += 1;
+                    out.push(if i < unhandled + held {
+                        RegionAction::DeliverAccepted(env)
+                    } else {
+                        RegionAction::DeliverLocal(env)
+                    });
+                }
+                Some(to) => {
+                    env.hops = env.hops.saturating_add(1);
+                    self.stats.forwarded += 1;
+                    out.push(RegionAction::ToPeer {
+                        to: to.clone(),
+                        msg: PeerMsg::Deliver(env),
+                    });
+                }
             }
         }
     }
@@ -1046,13 +1070,20 @@ impl<M> RegionState<M> {
             return;
         }
         if matches!(self.slots.get(&shard), Some(Slot::Remote(_))) {
-            // A known home elsewhere: nothing is buffered for it.
-            for env in envelopes {
-                if let Err(r) = self.route(env, false, out) {
-                    out.push(RegionAction::Rejected(r));
+            if envelopes.iter().all(|e| e.hops < self.config.max_hops) {
+                // A known home elsewhere: nothing is buffered for it.
+                for env in envelopes {
+                    if let Err(r) = self.route(env, false, out) {
+                        out.push(RegionAction::Rejected(r));
+                    }
                 }
+                return;
             }
-            return;
+            // One of them made too many hops (as in `route`): the cached home is asked
+            // afresh, and they wait for it in the buffer, marked as accepted (ahead of the
+            // rest, not counting toward the limit), all of them to keep their order.
+            self.slots
+                .insert(shard, Slot::Unknown { last_request: None });
         }
         if envelopes.is_empty() {
             return;

@@ -730,6 +730,59 @@ fn graceful_leave_hands_off_all_shards_then_completes() {
     assert!(sends(&out).contains(&(r("a"), ToRegion::LeaveComplete { epoch: 1 })));
 }
 
+/// `LeaveComplete` is a control message that may be lost: every `Leaving` of a region that
+/// owns no shard is answered (before 2026-11-29 only the first was, and a region whose answer
+/// was lost asked until its leave timed out), and ticks do not repeat it.
+#[test]
+fn every_leaving_of_a_region_without_shards_is_answered() {
+    let mut c = coordinator(4, &["a", "b"]);
+    allocate(&mut c, 0..4); // least shards first: two each
+    let done = (r("b"), ToRegion::LeaveComplete { epoch: 1 });
+    let mut out = Vec::new();
+    c.handle(0, Input::RegionLeaving(r("b")), &mut out);
+    assert!(!sends(&out).contains(&done), "b still owns shards");
+    let begun: Vec<_> = sends(&out)
+        .into_iter()
+        .filter_map(|(to, m)| match m {
+            ToRegion::BeginHandOff { id, shard } if to == r("b") => Some((id, shard)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(begun.len(), 2);
+    let mut out = Vec::new();
+    for (id, shard) in begun {
+        for from in ["a", "b"] {
+            out.extend(msg(
+                &mut c,
+                0,
+                from,
+                ToCoordinator::BeginHandOffAck {
+                    id,
+                    shard,
+                    fenced: None,
+                },
+            ));
+        }
+        out.extend(msg(
+            &mut c,
+            0,
+            "b",
+            ToCoordinator::ShardStopped { id, shard },
+        ));
+    }
+    persist_all(&mut c, &mut out);
+    assert_eq!(sends(&out).iter().filter(|s| **s == done).count(), 1);
+    // The answer was lost: the region asks again, and again.
+    for round in 1..=2 {
+        let mut out = Vec::new();
+        c.handle(round, Input::RegionLeaving(r("b")), &mut out);
+        assert_eq!(sends(&out), vec![done.clone()], "round {round}");
+    }
+    let mut out = Vec::new();
+    c.handle(3, Input::Tick, &mut out);
+    assert!(!sends(&out).contains(&done), "{out:?}");
+}
+
 // ---- coordinator: failover ----------------------------------------------------------------------
 
 #[test]
@@ -1915,6 +1968,95 @@ fn forwarding_loops_are_cut_by_the_hop_limit() {
         )]
     ));
     assert_eq!(reg.buffered(), 1);
+    // A local sender's message waits behind it.
+    let mut out = Vec::new();
+    reg.send(1, env("y", 1, 2), &mut out).unwrap();
+    assert!(out.is_empty(), "asked already: {out:?}");
+    // The coordinator's fresh answer (here the same home) sends both on, in order, instead
+    // of buffering the first again and asking again, for good (before 2026-11-29).
+    let out = shard_1_home(&mut reg, 2, "b");
+    let sent: Vec<(u32, u8)> = forwarded(&out)
+        .iter()
+        .map(|e| (e.payload, e.hops))
+        .collect();
+    assert_eq!(sent, vec![(1, 4), (2, 1)], "{out:?}");
+    assert_eq!(out.len(), 2, "no new GetShardHome: {out:?}");
+    assert_eq!(reg.buffered(), 0);
+    assert_eq!(reg.shard_view(1), ShardView::Remote(r("b")));
+    // A genuine loop is still cut: a region whose cached home disagrees does not forward a
+    // message past the limit on that cache; it asks afresh first.
+    let mut b = registered("b", &[(1, "a")]);
+    let mut out = Vec::new();
+    let mut e = env("x", 1, 1);
+    e.hops = 4;
+    b.handle(
+        3,
+        RegionInput::FromPeer {
+            from: r("a"),
+            msg: PeerMsg::Deliver(e),
+        },
+        &mut out,
+    );
+    assert!(
+        matches!(
+            out[..],
+            [RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+                shard: 1,
+                ..
+            })]
+        ),
+        "{out:?}"
+    );
+    assert_eq!(b.buffered(), 1);
+}
+
+/// Accepted messages that made too many hops wait for a fresh home as accepted ones: ahead
+/// of what senders add and outside the buffer limit.
+#[test]
+fn accepted_messages_past_the_hop_limit_keep_their_place_while_the_home_is_asked() {
+    let mut reg = registered("a", &[(1, "b")]);
+    let mut out = Vec::new();
+    let mut held: Vec<Envelope<u32>> = (1..=2).map(|n| env("x", 1, n)).collect();
+    held[1].hops = 3;
+    held_1(&mut reg, 0, held, &mut out);
+    assert!(
+        matches!(
+            out[..],
+            [RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+                shard: 1,
+                ..
+            })]
+        ),
+        "{out:?}"
+    );
+    assert_eq!(reg.buffered(), 2);
+    // Senders have the whole limit (3).
+    for n in 3..=5 {
+        reg.send(1, env("y", 1, n), &mut out).unwrap();
+    }
+    assert!(reg.send(1, env("y", 1, 6), &mut out).is_err());
+    let out = shard_1_home(&mut reg, 2, "b");
+    assert_eq!(forwarded_payloads(&out), vec![1, 2, 3, 4, 5]);
+    assert_eq!(reg.buffered(), 0);
+}
+
+/// A stopped shard's unhandled messages that reached it past the hop limit go on to the next
+/// home with the rest once the coordinator names it.
+#[test]
+fn unhandled_messages_past_the_hop_limit_reach_the_next_home() {
+    let mut reg = hosting_shard_1();
+    assert_eq!(hand_off(&mut reg, vec![]), vec![RegionAction::StopShard(1)]);
+    let mut out = Vec::new();
+    let mut late = env("x", 1, 1);
+    late.hops = 3;
+    unhandled_1(&mut reg, 1, vec![late], &mut out);
+    reg.send(1, env("x", 1, 2), &mut out).unwrap();
+    reg.handle(2, RegionInput::ShardStopped(1), &mut out);
+    let out = shard_1_home(&mut reg, 3, "b");
+    assert_eq!(forwarded_payloads(&out), vec![1, 2], "{out:?}");
+    assert_eq!(reg.buffered(), 0);
+    let out = shard_1_home(&mut reg, 4, "b");
+    assert!(out.is_empty(), "{out:?}");
 }
 
 #[test]
