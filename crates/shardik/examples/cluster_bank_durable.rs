@@ -80,8 +80,8 @@ struct Node {
     bank: Region<AccountCmd>,
 }
 
-/// A node whose journal and sharding state are on `store`.
-async fn node(name: &str, seed: Option<String>, store: &Arc<SqliteStore>) -> Node {
+/// A cluster member `name` (joining through `seed`), up, without sharding yet.
+async fn member(name: &str, seed: Option<String>) -> (ActorSystem, Cluster) {
     let system = ActorSystem::new(name);
     let mut config = ClusterConfig::new("bank", name).secret(SECRET.to_vec());
     if let Some(seed) = seed {
@@ -91,16 +91,26 @@ async fn node(name: &str, seed: Option<String>, store: &Arc<SqliteStore>) -> Nod
         .await
         .expect("cluster starts");
     cluster.when_up().await.expect("node is up");
+    (system, cluster)
+}
+
+/// Starts the bank on a member, its journal and sharding state on `store`, and waits until
+/// its region is registered with the coordinator.
+async fn bank(system: ActorSystem, cluster: Cluster, store: &Arc<SqliteStore>) -> Node {
     let sharding = ClusterSharding::with_state_store(&cluster, store.clone())
         .await
         .expect("sharding state loads");
     let persistence = Persistence::new(store.clone());
+    // The coordinator recovers its state from a majority of the three nodes' replicas, so a
+    // full restart never starts from one node's copy that may be stale (see
+    // `docs/sharding.md`, durable sharding state).
+    let settings = ClusterShardingSettings::default().min_quorum(2);
     let bank = sharding
         .start_with(
             persistence
                 .event_sourced("account", PersistSettings::default(), |_| Bank)
                 .shards(10),
-            ClusterShardingSettings::default(),
+            settings,
         )
         .expect("entity type starts");
     sharding
@@ -114,11 +124,13 @@ async fn node(name: &str, seed: Option<String>, store: &Arc<SqliteStore>) -> Nod
     }
 }
 
+/// Three members, then the bank on all three at once (its coordinator needs two of them).
 async fn three_nodes(store: &Arc<SqliteStore>) -> Vec<Node> {
-    let a = node("node-a", None, store).await;
-    let seed = a.cluster.self_node().address.clone();
-    let b = node("node-b", Some(seed.clone()), store).await;
-    let c = node("node-c", Some(seed), store).await;
+    let (sa, a) = member("node-a", None).await;
+    let seed = a.self_node().address.clone();
+    let (sb, b) = member("node-b", Some(seed.clone())).await;
+    let (sc, c) = member("node-c", Some(seed)).await;
+    let (a, b, c) = tokio::join!(bank(sa, a, store), bank(sb, b, store), bank(sc, c, store));
     vec![a, b, c]
 }
 

@@ -68,7 +68,7 @@ async fn node(name: &str, seed: Option<String>) -> (ActorSystem, Cluster, Region
         .await
         .expect("cluster starts");
     cluster.when_up().await.expect("node is up");
-    // Rebalance rounds every second (the default is 10 s), so the joining node gets shards
+    // Rebalance rounds every second (the default is 2 s), so the joining node gets shards
     // soon.
     let settings = ClusterShardingSettings::default().rebalance_interval(Duration::from_secs(1));
     let counters = ClusterSharding::get(&cluster)

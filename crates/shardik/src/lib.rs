@@ -134,8 +134,8 @@ pub use shardik_sharding::{
 /// The names most programs need: `use shardik::prelude::*;`.
 pub mod prelude {
     pub use shardik_actor::{
-        Actor, ActorError, ActorRef, ActorSystem, AskError, Context, ReplyTo, StopReason,
-        SupervisorStrategy, TellError,
+        Actor, ActorError, ActorRef, ActorSystem, AskError, Context, MailboxConfig, OverflowPolicy,
+        Props, ReplyTo, RestartPolicy, StopReason, SupervisorStrategy, TellError,
     };
     pub use shardik_sharding::{
         EntityRef, EntityType, ExtractingRegion, Extractor, MessageExtractor, Region, ShardingExt,

@@ -33,7 +33,7 @@ pub(super) struct Known {
     older: Map,
     /// The newest pooled connection this lane has written on (the pool numbers its
     /// connections in the order it opened them).
-    newest_connection: Option<deadpool::managed::ObjectId>,
+    newest_connection: Option<deadpool_postgres::ObjectId>,
 }
 
 impl Known {
@@ -53,7 +53,7 @@ impl Known {
     /// where the positions this lane committed may not hold: an append trusted to continue
     /// one would then leave a gap in its stream that no key refuses. So everything is
     /// forgotten, and the streams' positions are read afresh as they are written.
-    pub(super) fn connection(&mut self, id: deadpool::managed::ObjectId) {
+    pub(super) fn connection(&mut self, id: deadpool_postgres::ObjectId) {
         if self.newest_connection.is_some_and(|newest| id <= newest) {
             return;
         }

@@ -153,11 +153,6 @@ fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// How long PostgreSQL lets one of the store's sessions sit idle inside a transaction before
-/// it ends the session (`idle_in_transaction_session_timeout`). The store's own transactions
-/// send all their statements at once, so only a frozen or cut-off client reaches it.
-const IDLE_IN_TRANSACTION: std::time::Duration = std::time::Duration::from_secs(30);
-
 pub(super) fn to_i64(v: u64) -> i64 {
     v as i64
 }
@@ -188,19 +183,6 @@ impl PostgresStore {
             )));
         }
         let mut config = tokio_postgres::Config::from_str(url).map_err(backend)?;
-        // A transaction left open by a frozen or cut-off client would hold its row locks and
-        // uncommitted journal keys, and stall every other node's lane that meets them: the
-        // server ends such a session after IDLE_IN_TRANSACTION (its batch then fails, or is
-        // written again, as after any lost connection). Options in the URL come later and win.
-        let session = format!(
-            "-c idle_in_transaction_session_timeout={}",
-            IDLE_IN_TRANSACTION.as_millis()
-        );
-        let startup = match config.get_options() {
-            Some(theirs) if !theirs.trim().is_empty() => format!("{session} {theirs}"),
-            _ => session,
-        };
-        config.options(&startup);
         // Asking for TLS and accepting plaintext would be a silent downgrade.
         if options.tls.is_some() && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer
         {

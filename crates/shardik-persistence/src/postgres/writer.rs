@@ -341,7 +341,8 @@ fn settle(
             };
             Err(StoreError::Backend(format!(
                 "postgres: whether this write was stored is unknown: its batch's commit went \
-                 unanswered (the connection was lost); last error: {then}"
+                 unanswered (the connection was lost), or committed after one of the batch's \
+                 statements failed on the client; last error: {then}"
             )))
         }
         outcome => outcome,
@@ -362,7 +363,8 @@ fn unstorable(op: &Op) -> Option<String> {
         return Some("text (persistence id or type name) must not contain NUL".into());
     }
     let id = op.persistence_id().len();
-    if id > MAX_ID_BYTES {
+    let indexed = matches!(op, Op::Append(..) | Op::SaveSnapshot(..) | Op::Upsert(..));
+    if indexed && id > MAX_ID_BYTES {
         return Some(format!(
             "a persistence id of {id} bytes is longer than the {MAX_ID_BYTES} the journal's index holds"
         ));
@@ -416,8 +418,13 @@ fn is_journal_race(error: &tokio_postgres::Error) -> bool {
 
 /// Read committed, whatever the server's or role's default: the stale-writer probe and the
 /// primary key's wait rely on each statement seeing what committed before it (under
-/// repeatable read the probe would read the first statement's snapshot).
-const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+/// repeatable read the probe would read the first statement's snapshot). And a transaction
+/// left open by a frozen or cut-off client (holding durable-state row locks or uncommitted
+/// journal keys, which stall other nodes' lanes) is ended by the server after 30 s: set for
+/// the transaction only, so it needs no startup option (which poolers such as PgBouncer
+/// refuse) and leaves the role's and database's settings alone otherwise.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                     SET LOCAL idle_in_transaction_session_timeout = 30000";
 
 type Rows = Vec<Row>;
 type Request<'a> = Pin<Box<dyn Future<Output = Result<Rows, tokio_postgres::Error>> + Send + 'a>>;
