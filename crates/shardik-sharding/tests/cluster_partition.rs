@@ -283,6 +283,73 @@ async fn unhandled_messages_held_by_a_fence_leave_senders_their_bound() {
     stop_all(&nodes).await;
 }
 
+/// The bound on what a fenced node holds for senders is per shard, as `buffer_limit` says:
+/// with a bound of 2, three messages to each of two entities of two shards hosted there leave
+/// two held for each (the third of each a dead letter, counted as rejected), and both pairs
+/// are handled after the lift. (Before 2026-11-29 the bound was the region's: two held in
+/// all, for whichever shard was sent to first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_node_holds_up_to_the_buffer_limit_per_shard() {
+    let faults = FaultInjector::new();
+    let reg = Arc::new(Registry::default());
+    let tune = |c: shardik_cluster::runtime::ClusterConfig| c.stable_after(Duration::from_secs(20));
+    let bound = settings().buffer_limit(2);
+    let nodes = cluster_set(3, 12, &reg, Some(&faults), &|t| t, &tune, &bound).await;
+    let region = &nodes[2].region;
+    let (a, b) = two_shards_on_n2(&nodes).await;
+    for peer in ["n0", "n1"] {
+        faults.cut_both("n2", peer);
+    }
+    wait_state(&nodes[2].cluster, "n2 fenced", |s| s.fenced).await;
+    // The region takes the fence in on its own task, stopping the entities `where_is` started.
+    poll(
+        "the fence stopped n2's entities",
+        Duration::from_secs(5),
+        || {
+            let s = region.stats();
+            s.active_entities == 0 && s.stopping_entities == 0
+        },
+    )
+    .await;
+    let rejected = region.stats().rejected_total;
+    for id in [&a, &b] {
+        for seq in 0..3 {
+            region.tell(id, Msg::Add { sender: 9, seq });
+        }
+    }
+    let s = region.stats();
+    assert_eq!(s.buffered_messages, 4, "two held per shard");
+    assert_eq!(s.rejected_total - rejected, 2, "the third of each refused");
+    faults.heal_all();
+    wait_state(&nodes[2].cluster, "n2 unfenced", |s| !s.fenced).await;
+    poll("everything held handled", Duration::from_secs(20), || {
+        handled(&reg, &a) == 2 && handled(&reg, &b) == 2
+    })
+    .await;
+    reg.assert_stream(&a, &[9], 2);
+    reg.assert_stream(&b, &[9], 2);
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
+/// Two entity ids (of e00..e99) hosted on n2, in two different shards.
+async fn two_shards_on_n2(nodes: &[Node]) -> (String, String) {
+    let region = &nodes[2].region;
+    let mut first: Option<String> = None;
+    for i in 0..100 {
+        let id = format!("e{i:02}");
+        if where_is(&nodes[0], &id).await != "n2" {
+            continue;
+        }
+        match &first {
+            None => first = Some(id),
+            Some(f) if region.shard_of(f) != region.shard_of(&id) => return (f.clone(), id),
+            Some(_) => {}
+        }
+    }
+    panic!("no two of e00..e99 in two shards on n2");
+}
+
 /// Has `busy` (hosted on n2) start a message from sender 9 (seq 0) that waits on the
 /// registry's gate, waits until it works on it, queues `backlog` more (seqs 1..), then cuts
 /// n2 off from the others and waits until n2 is fenced.

@@ -79,8 +79,9 @@ struct Inner<M> {
     /// and no entity runs (see `on_fence`). The flag marks messages the node had accepted
     /// before (an entity's unhandled ones), which do not count toward `buffer_limit`.
     fenced: Option<Vec<(ShardId, String, M, bool)>>,
-    /// The messages in `fenced` that senders added (those `buffer_limit` bounds).
-    held_sent: usize,
+    /// Per shard, the messages in `fenced` that senders added (those `buffer_limit` bounds,
+    /// per shard as for the messages a shard buffers while it has no home).
+    held_sent: HashMap<ShardId, usize>,
     buffer_limit: usize,
     /// Envelopes a peer's full queue handed back during the current `execute`.
     refused: Vec<Envelope<M>>,
@@ -221,7 +222,7 @@ where
                 seen: BTreeSet::new(),
                 out: Vec::new(),
                 fenced: None,
-                held_sent: 0,
+                held_sent: HashMap::new(),
                 buffer_limit,
                 refused: Vec::new(),
                 unsent_fences: Vec::new(),
@@ -556,9 +557,9 @@ where
             // use it up.
             if accepted {
                 held.push((shard, entity_id, payload, true));
-            } else if g.held_sent < g.buffer_limit {
+            } else if g.held_sent.get(&shard).copied().unwrap_or(0) < g.buffer_limit {
                 held.push((shard, entity_id, payload, false));
-                g.held_sent += 1;
+                *g.held_sent.entry(shard).or_default() += 1;
             } else {
                 self.metrics.fenced_dropped.increment(1);
                 self.dead_letter(&entity_id, "node fenced and its buffer full");
@@ -664,7 +665,7 @@ where
                             .into_iter()
                             .partition(|(s, _, _, _)| *s == shard);
                         *held = rest;
-                        g.held_sent = held.iter().filter(|(_, _, _, accepted)| !accepted).count();
+                        g.held_sent.remove(&shard);
                         if !mine.is_empty() {
                             let envelopes = mine
                                 .into_iter()
@@ -935,7 +936,7 @@ where
         match (fenced, g.fenced.is_some()) {
             (true, false) => {
                 g.fenced = Some(Vec::new());
-                g.held_sent = 0;
+                g.held_sent.clear();
                 let hosted = g.state.hosted_shards();
                 if self.held_for_leave.load(Ordering::SeqCst) {
                     tracing::info!(entity_type = %self.type_name, shards = hosted.len(), "leave out of time: stopping the entities of every shard still here");
@@ -975,7 +976,7 @@ where
                     }
                 }
                 let held = g.fenced.take().unwrap_or_default();
-                g.held_sent = 0;
+                g.held_sent.clear();
                 tracing::info!(entity_type = %self.type_name, held = held.len(), "fence lifted: hosting again");
                 // A shard still hosted here hosts again: the fence's stop of its entities was
                 // called off above (those still ending come back with what they had not
@@ -1125,7 +1126,7 @@ where
             (
                 g.state.hosted_shards(),
                 {
-                    g.held_sent = 0;
+                    g.held_sent.clear();
                     g.fenced.take().unwrap_or_default()
                 },
                 waiting,
