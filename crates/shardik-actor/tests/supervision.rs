@@ -549,7 +549,7 @@ async fn a_factory_that_panics_on_restart_is_retried() {
 #[tokio::test]
 async fn an_actor_from_an_instance_cannot_restart_and_stops() {
     let system = ActorSystem::new("sup-instance");
-    let (instance, h) = flaky_instance();
+    let (instance, _h) = flaky_instance();
     let actor = system.spawn_props(Props::from_instance(instance).supervisor(restart(10)));
     actor.tell(Msg::Add(1));
     actor.tell(Msg::Fail);
