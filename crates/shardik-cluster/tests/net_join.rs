@@ -319,3 +319,72 @@ fn free_addrs(n: usize) -> Vec<String> {
         })
         .collect()
 }
+
+/// Addresses declared in `InitJoin`s by nodes that never join (here 300 addresses where
+/// nothing listens) leave nothing behind: the node answers each, drops the refs it holds
+/// beyond what its members and seeds warrant, gives up on the answers it cannot deliver
+/// (`give_up_message_after`), and then forgets those peers. Before, the driver kept a ref
+/// per address for the node's lifetime, and with it each peer, its queued answer and a
+/// dialer that kept trying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_declared_in_init_joins_do_not_accumulate() {
+    let (nodes, _) = cluster_with(1, |i| {
+        let mut c = config(&format!("n{i}"));
+        c.remote = c.remote.give_up_message_after(Duration::from_millis(200));
+        c
+    })
+    .await;
+    let n0 = &nodes[0];
+    let remote = n0.cluster.remote();
+    let stranger_sys = shardik_actor::ActorSystem::new("stranger");
+    let stranger = shardik_remote::Remote::start(&stranger_sys, config("stranger").remote)
+        .await
+        .expect("the stranger's remote layer starts");
+    let to_n0 = stranger.lookup::<SeedWire>(shardik_cluster::runtime::PATH, &n0.id().address);
+    // Refused at once: loopback addresses with nothing on port 9.
+    let ghost = |i: u32| {
+        shardik_cluster::member::UniqueAddress::new(
+            format!("127.0.{}.{}:9", 1 + i / 250, 1 + i % 250),
+            format!("ghost{i}"),
+            1,
+        )
+    };
+    let init_joins = |from: std::ops::Range<u32>| {
+        for i in from {
+            to_n0.tell(SeedWire {
+                from: ghost(i),
+                to: None,
+                body: SeedBody::InitJoin,
+            });
+        }
+    };
+    let dropped = |at_least: u64| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while remote.stats().dropped_unreachable < at_least {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "answers given up: {:?}",
+                remote.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    init_joins(0..200);
+    dropped(200).await;
+    // New peers make the node look for unused ones.
+    init_joins(200..300);
+    dropped(300).await;
+    let known = remote.known_peers();
+    assert!(
+        known < 150,
+        "{known} peers known after 300 strangers: {:?}",
+        remote.stats()
+    );
+    assert!(
+        remote.stats().peers_forgotten >= 150,
+        "{:?}",
+        remote.stats()
+    );
+    stranger.shutdown().await;
+    stop_all(&nodes).await;
+}

@@ -58,6 +58,14 @@ pub struct RemoteConfig {
     pub backoff_min: Duration,
     /// Largest reconnect delay (default 5 s).
     pub backoff_max: Duration,
+    /// How long a peer may stay unreachable, every dial of a lane failing to connect, before
+    /// the frames waiting in that lane's queue are dropped (default 60 s, like Akka's
+    /// `give-up-message-after`; at least 1 ms). They are counted in
+    /// [`RemoteStats::dropped_unreachable`](crate::RemoteStats::dropped_unreachable), asks
+    /// among them fail with `Undeliverable`, and the lane stops dialing until something new
+    /// is sent, so a peer that is gone for good (an address a restarted node will not have
+    /// again) is forgotten once nothing refers to it.
+    pub give_up_message_after: Duration,
     /// Heartbeat period, on both connections of a node pair (default 1 s).
     pub heartbeat_interval: Duration,
     /// A connection that receives nothing (not even a heartbeat) for this long is closed
@@ -104,6 +112,7 @@ impl RemoteConfig {
             handshake_timeout: Duration::from_secs(5),
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
+            give_up_message_after: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(10),
             max_reply_wait: Duration::from_secs(600),
@@ -148,6 +157,12 @@ impl RemoteConfig {
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.backoff_min = min;
         self.backoff_max = max;
+        self
+    }
+
+    /// Sets [`give_up_message_after`](Self::give_up_message_after).
+    pub fn give_up_message_after(mut self, after: Duration) -> Self {
+        self.give_up_message_after = after;
         self
     }
 
@@ -227,6 +242,9 @@ impl RemoteConfig {
         if self.handshake_timeout.is_zero() {
             return Err("handshake_timeout must be positive".into());
         }
+        if self.give_up_message_after < Duration::from_millis(1) {
+            return Err("give_up_message_after must be at least 1 ms".into());
+        }
         if self.max_reply_wait < Duration::from_secs(1) {
             return Err("max_reply_wait must be at least 1 s".into());
         }
@@ -236,6 +254,7 @@ impl RemoteConfig {
             ("handshake_timeout", self.handshake_timeout),
             ("backoff_min", self.backoff_min),
             ("backoff_max", self.backoff_max),
+            ("give_up_message_after", self.give_up_message_after),
             ("heartbeat_interval", self.heartbeat_interval),
             ("idle_timeout", self.idle_timeout),
             ("max_reply_wait", self.max_reply_wait),

@@ -833,6 +833,8 @@ async fn sleep_or_shutdown(node: &Node, d: Duration) -> bool {
 async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
     let mut backoff = node.cfg.backoff_min;
     let mut failures = 0u64;
+    // When the dials of the current run of failures began.
+    let mut failing_since: Option<tokio::time::Instant> = None;
     // Cancelled at shutdown, or when the node forgets this peer.
     let retired = peer.retired.clone();
     loop {
@@ -844,11 +846,15 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
             if peer.try_start_dial(lane) {
                 break;
             }
+            // Connected another way (the peer dialed in, an explicit connect), or nothing to
+            // send: a run of failures has ended, and the next failure starts a new one.
+            failing_since = None;
             tokio::select! {
                 _ = retired.cancelled() => return,
                 _ = woken => {}
             }
         }
+        let dialed_at = tokio::time::Instant::now();
         let res = tokio::select! {
             _ = retired.cancelled() => { peer.end_dial(lane); return }
             r = node.dial_once(&peer, lane) => r,
@@ -858,9 +864,20 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
             Ok(_) => {
                 backoff = node.cfg.backoff_min;
                 failures = 0;
+                failing_since = None;
             }
             Err(e) => {
                 failures += 1;
+                node.counters.bump(
+                    &node.counters.dial_failures,
+                    "shardik_remote_dial_failures_total",
+                );
+                let since = *failing_since.get_or_insert(dialed_at);
+                if since.elapsed() >= node.cfg.give_up_message_after {
+                    node.give_up_queued(&peer, lane, since.elapsed());
+                    // Frames queued from now on get a full period again.
+                    failing_since = None;
+                }
                 if matches!(e, RemoteError::Connect { .. }) && should_log(failures) {
                     tracing::warn!(
                         node = %node.local.me.node_id,
@@ -880,6 +897,37 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
                 backoff = (backoff * 2).min(node.cfg.backoff_max);
             }
         }
+    }
+}
+
+impl Node {
+    /// Drops what waits in `lane`'s queue toward `peer`, unreachable for `unreachable`: the
+    /// frames are counted, asks among them fail as undeliverable (their requests never left),
+    /// and the lane's dialer, with nothing to send, stops until something new is queued.
+    fn give_up_queued(&self, peer: &Peer, lane: Lane, unreachable: std::time::Duration) {
+        let (frames, asks) = peer.link(lane).queue.drop_waiting();
+        if frames == 0 {
+            return;
+        }
+        self.counters.add(
+            &self.counters.dropped_unreachable,
+            "shardik_remote_dropped_unreachable_total",
+            frames as u64,
+        );
+        tracing::warn!(
+            node = %self.local.me.node_id,
+            peer_addr = %peer.addr,
+            lane = lane.as_str(),
+            frames,
+            asks = asks.len(),
+            ?unreachable,
+            "peer unreachable for give_up_message_after: dropped the frames waiting for it"
+        );
+        self.replies.fail(
+            &asks,
+            ReplyFailure::Undeliverable,
+            "the peer stayed unreachable for give_up_message_after; the request was dropped unsent",
+        );
     }
 }
 

@@ -158,16 +158,25 @@ impl OutQueue {
     /// `into`: their requests have not left this node. Walks every waiting frame, so it is
     /// for rare events (a peer restarted), not the message path.
     pub(crate) fn queued_reply_ids(&self, into: &mut std::collections::HashSet<u64>) {
-        let q = self.inner.lock();
-        for seg in &q.segments {
-            let mut rest = &seg.bytes[..];
-            while rest.len() >= 4 {
-                let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                let end = (4 + len).min(rest.len());
-                into.extend(crate::frame::queued_reply_ids(&rest[..end]));
-                rest = &rest[end..];
+        reply_ids_in(&self.inner.lock().segments, into);
+    }
+
+    /// Drops every waiting frame unless a connection's writer takes frames (one is
+    /// assigned); returns how many were dropped and the reply slots of the requests among
+    /// them (see [`queued_reply_ids`](Self::queued_reply_ids)). For a peer given up on: rare.
+    pub(crate) fn drop_waiting(&self) -> (usize, Vec<u64>) {
+        let segments = {
+            let mut q = self.inner.lock();
+            if q.writer.is_some() || q.frames == 0 {
+                return (0, Vec::new());
             }
-        }
+            q.frames = 0;
+            std::mem::take(&mut q.segments)
+        };
+        let frames = segments.iter().map(|seg| seg.frames).sum();
+        let mut ids = std::collections::HashSet::new();
+        reply_ids_in(&segments, &mut ids);
+        (frames, ids.into_iter().collect())
     }
 
     /// True if nothing waits.
@@ -178,6 +187,23 @@ impl OutQueue {
     /// Frames waiting.
     pub(crate) fn len(&self) -> usize {
         self.inner.lock().frames
+    }
+}
+
+/// Adds the reply slots of the message frames in `segments` (length-prefixed frames, as
+/// queued) to `into`.
+fn reply_ids_in<'a>(
+    segments: impl IntoIterator<Item = &'a Segment>,
+    into: &mut std::collections::HashSet<u64>,
+) {
+    for seg in segments {
+        let mut rest = &seg.bytes[..];
+        while rest.len() >= 4 {
+            let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            let end = (4 + len).min(rest.len());
+            into.extend(crate::frame::queued_reply_ids(&rest[..end]));
+            rest = &rest[end..];
+        }
     }
 }
 

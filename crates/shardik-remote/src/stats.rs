@@ -44,6 +44,9 @@ counters! {
     dropped_queue_full,
     /// Messages refused because their frame would exceed the size limit.
     dropped_too_large,
+    /// Frames (messages, replies, control messages) dropped from a peer's queue after the
+    /// peer stayed unreachable for `give_up_message_after`.
+    dropped_unreachable,
     /// Messages that failed to encode at the sender.
     encode_errors,
     /// Messages for a path nobody registered.
@@ -57,6 +60,8 @@ counters! {
     /// Connections closed for a protocol violation (oversized frame, i/o error mid-frame,
     /// handshake frames after the handshake).
     connections_rejected,
+    /// Dials of a peer that failed (no connection, or no handshake), per lane and attempt.
+    dial_failures,
     /// Handshakes that failed, on either side.
     handshake_failures,
     /// Inbound connections closed before their handshake because too many were in theirs
@@ -88,8 +93,13 @@ counters! {
 
 impl Counters {
     pub(crate) fn bump(&self, c: &AtomicU64, metric: &'static str) -> u64 {
-        metrics::counter!(metric, "node" => self.node.clone()).increment(1);
-        c.fetch_add(1, Ordering::Relaxed) + 1
+        self.add(c, metric, 1)
+    }
+
+    /// Adds `n` to `c` and its metric; returns the new total.
+    pub(crate) fn add(&self, c: &AtomicU64, metric: &'static str, n: u64) -> u64 {
+        metrics::counter!(metric, "node" => self.node.clone()).increment(n);
+        c.fetch_add(n, Ordering::Relaxed) + n
     }
 
     /// Records a heartbeat round trip of a control connection.

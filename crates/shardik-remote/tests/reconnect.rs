@@ -21,12 +21,7 @@ async fn reconnects_after_the_peer_restarts_with_a_new_incarnation() {
     let mut events = a.events();
 
     // B goes away.
-    sys_b.shutdown().await;
-    b.shutdown().await;
-    wait_event(&mut events, |e| {
-        matches!(e, RemoteEvent::Disconnected { .. })
-    })
-    .await;
+    stop_peer(&sys_b, &b, &mut events).await;
     assert!(a.connection(&addr_b).is_none());
 
     // An ask to the dead node fails with its timeout, not later.
@@ -117,4 +112,131 @@ async fn an_unreachable_address_times_out_and_backs_off() {
         a.connect(&dead).await,
         Err(shardik_remote::RemoteError::Connect { .. })
     ));
+}
+
+/// Frames queued for a peer that stays unreachable are dropped once every dial has failed
+/// for `give_up_message_after`: counted, and an ask among them fails as undeliverable at
+/// once instead of at its (much later) timeout. What is sent afterwards gets a full period
+/// again. Before, they stayed queued, and the lane's dialer kept trying, for as long as the
+/// node ran (a peer gone for good, say a restarted pod's old address, was never forgotten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_for_a_peer_unreachable_past_give_up_message_after_are_dropped() {
+    let ms = Duration::from_millis;
+    let (_sys, a) = node_with(
+        config("a")
+            .backoff(ms(10), ms(20))
+            .give_up_message_after(ms(300)),
+    )
+    .await;
+    // An address nothing listens on (bound, then closed).
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let to_dead = a.lookup::<Echo>("/user/echo", &dead);
+    for n in 0..5 {
+        to_dead.tell(Echo::Record { from: 1, n });
+    }
+    let started = Instant::now();
+    match to_dead
+        .ask(|reply| Echo::Inc { n: 1, reply }, Duration::from_secs(60))
+        .await
+    {
+        Err(AskError::Undeliverable(why)) => {
+            assert!(why.contains("unreachable"), "{why}")
+        }
+        other => panic!("an ask queued for an unreachable peer answered {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "failed at the give-up, not the timeout: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(a.stats().dropped_unreachable, 6, "five tells and the ask");
+    // A new request starts a new period, and is given up on in turn.
+    match to_dead
+        .ask(|reply| Echo::Inc { n: 2, reply }, Duration::from_secs(60))
+        .await
+    {
+        Err(AskError::Undeliverable(_)) => {}
+        other => panic!("the second ask answered {other:?}"),
+    }
+    assert_eq!(a.stats().dropped_unreachable, 7);
+}
+
+/// A run of failed dials ends when the lane is connected another way (here by the peer
+/// dialing in): a later outage starts a fresh `give_up_message_after`, and a peer back
+/// within it gets what was queued meanwhile. Before, the period ran from the first failure
+/// of the earlier run, so the first failed dial after a later disconnect dropped the queue
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_dialed_in_ends_the_run_of_failures() {
+    let ms = Duration::from_millis;
+    let give_up = ms(1000);
+    // Long backoffs: a's dialer retries only when woken by a connection of the peer's.
+    let (sys_a, a) = node_with(
+        config("a")
+            .backoff(ms(2000), ms(4000))
+            .give_up_message_after(give_up),
+    )
+    .await;
+    let _seen_a = echo(&sys_a, &a);
+    let addr_b = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let dial_failures = |at_least: u64| {
+        let a = a.clone();
+        async move {
+            let deadline = Instant::now() + T;
+            while a.stats().dial_failures < at_least {
+                assert!(Instant::now() < deadline, "no failed dial: {:?}", a.stats());
+                tokio::time::sleep(ms(5)).await;
+            }
+        }
+    };
+    let to_b = a.lookup::<Echo>("/user/echo", &addr_b);
+    // b is not up: a's dial fails, and a run of failures begins.
+    to_b.tell(Echo::Record { from: 1, n: 0 });
+    dial_failures(1).await;
+    // b comes up and dials a: the queued message goes over b's connection.
+    let (sys_b, b) = node_with(config("b").bind(addr_b.clone())).await;
+    let mut seen_b = echo(&sys_b, &b);
+    b.lookup::<Echo>("/user/echo", a.addr())
+        .tell(Echo::Record { from: 2, n: 0 });
+    assert_eq!(next(&mut seen_b).await, (1, 0));
+    // Longer ago than the period now: only a run still going would count it.
+    tokio::time::sleep(give_up + ms(300)).await;
+    let mut events = a.events();
+    stop_peer(&sys_b, &b, &mut events).await;
+    // Sent while b is down: a dials, fails, and keeps it for a full period.
+    let failed = a.stats().dial_failures;
+    to_b.tell(Echo::Record { from: 1, n: 1 });
+    dial_failures(failed + 1).await;
+    assert_eq!(
+        a.stats().dropped_unreachable,
+        0,
+        "kept after one failed dial"
+    );
+    // b is back within the period and dials in: the message arrives.
+    let (sys_b2, b2) = node_with(config("b").bind(addr_b.clone())).await;
+    let mut seen_b2 = echo(&sys_b2, &b2);
+    b2.lookup::<Echo>("/user/echo", a.addr())
+        .tell(Echo::Record { from: 2, n: 1 });
+    assert_eq!(next(&mut seen_b2).await, (1, 1));
+    assert_eq!(a.stats().dropped_unreachable, 0);
+}
+
+/// Shuts peer `b` (and its actor system) down and waits until `events`, of the node it was
+/// connected to, say it is gone.
+async fn stop_peer(
+    sys_b: &shardik_actor::ActorSystem,
+    b: &shardik_remote::Remote,
+    events: &mut tokio::sync::broadcast::Receiver<RemoteEvent>,
+) {
+    sys_b.shutdown().await;
+    b.shutdown().await;
+    wait_event(events, |e| matches!(e, RemoteEvent::Disconnected { .. })).await;
 }

@@ -1,7 +1,7 @@
 //! The driver task: owns the [`MembershipNode`], feeds it ticks and arriving messages, and
 //! carries out its actions over the remote layer.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -407,6 +407,9 @@ impl Driver {
     }
 
     fn send(&mut self, addr: &str, to: Option<u64>, body: Body) {
+        if !self.refs.contains_key(addr) && self.refs.len() >= self.refs_bound() {
+            self.forget_refs();
+        }
         let r = match self.refs.get(addr) {
             Some(r) => r,
             None => {
@@ -446,6 +449,25 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Refs kept before those of addresses that are neither members nor seeds are dropped:
+    /// addresses that joiners, restarted incarnations or stray `InitJoin`s declared would
+    /// otherwise stay for the node's lifetime.
+    fn refs_bound(&self) -> usize {
+        64 + 2 * (self.node.gossip().members().count() + self.cfg.seed_nodes.len())
+    }
+
+    /// Drops the refs of addresses that are neither members nor seeds (looked up again if
+    /// they are sent to again).
+    fn forget_refs(&mut self) {
+        let g = self.node.gossip();
+        let keep: HashSet<&str> = g
+            .members()
+            .map(|m| m.node.address.as_str())
+            .chain(self.cfg.seed_nodes.iter().map(String::as_str))
+            .collect();
+        self.refs.retain(|addr, _| keep.contains(addr.as_str()));
     }
 
     async fn finish(mut self, reason: NodeStopReason) {
