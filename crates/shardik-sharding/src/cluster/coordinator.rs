@@ -274,14 +274,17 @@ impl CoordinatorDriver {
             self.recovery = None;
             return;
         }
+        if self.active.as_ref().is_some_and(|a| a.fenced) {
+            // A newer coordinator wrote to the replicas; start over from their state (first,
+            // so that the check below applies to that recovery too: before 2026-11-29 a
+            // coordinator that stepped down recovered at once, from a majority of however few
+            // members were left).
+            self.active = None;
+        }
         if self.active.is_none() && self.ctx.quorum(&state).len() < self.ctx.settings.min_quorum {
             // Too few members to trust a majority read (see `min_quorum`): wait for more.
             self.recovery = None;
             return;
-        }
-        if self.active.as_ref().is_some_and(|a| a.fenced) {
-            // A newer coordinator wrote to the replicas; start over from their state.
-            self.active = None;
         }
         if self.active.is_none() {
             match self.recovery {
@@ -452,6 +455,11 @@ impl CoordinatorDriver {
         };
         let state = self.ctx.cluster.state();
         let members = self.ctx.quorum(&state);
+        if members.len() < self.ctx.settings.min_quorum {
+            // Members left while it waited for answers: a majority of the few left is not
+            // one `min_quorum` trusts.
+            return;
+        }
         let answered = r.results.keys().filter(|n| members.contains(n)).count();
         if answered < majority(members.len().max(1)) {
             return;
