@@ -914,8 +914,16 @@ impl Coordinator {
         self.maybe_send_handoff(shard, out);
     }
 
+    /// Hand-offs start only with every region registered with this epoch and told so: a
+    /// region whose `RegisterAck` still waits for an update to be stored ignores a
+    /// `BeginHandOff`, and the hand-off would wait `handoff_ack_timeout` for its answer.
     fn can_hand_off(&self) -> bool {
-        self.epoch_durable() && self.all_registered()
+        self.epoch_durable()
+            && self.all_registered()
+            && !self
+                .deferred
+                .iter()
+                .any(|(_, d)| matches!(d, Deferred::RegisterAck { .. }))
     }
 
     /// Tells the regions of the state that have not registered with this epoch (and are not

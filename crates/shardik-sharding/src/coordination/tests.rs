@@ -783,6 +783,57 @@ fn every_leaving_of_a_region_without_shards_is_answered() {
     assert!(!sends(&out).contains(&done), "{out:?}");
 }
 
+/// A leave's hand-offs wait while a region's `RegisterAck` waits for its registration to be
+/// stored: that region would ignore a `BeginHandOff` (it is not registered with the epoch
+/// yet) and the hand-off would wait `handoff_ack_timeout` for its answer. Once stored, the
+/// region gets its `RegisterAck` first and the `BeginHandOff` after it. (Before 2026-11-29
+/// the hand-off began at once.)
+#[test]
+fn a_leave_waits_for_a_deferred_register_ack_before_its_hand_offs() {
+    let mut c = coordinator(4, &["a", "b"]);
+    allocate(&mut c, 0..4); // two each
+    let out = msg(
+        &mut c,
+        0,
+        "c",
+        ToCoordinator::Register {
+            shard_count: 4,
+            proxy: false,
+            shard_fn: None,
+            attempt: 1,
+        },
+    );
+    assert!(
+        sends(&out).is_empty(),
+        "c's ack waits for its registration: {out:?}"
+    );
+    let mut out = Vec::new();
+    c.handle(0, Input::RegionLeaving(r("b")), &mut out);
+    c.handle(1, Input::Tick, &mut out);
+    assert!(
+        !sends(&out)
+            .iter()
+            .any(|(_, m)| matches!(m, ToRegion::BeginHandOff { .. })),
+        "no hand-off while c is not told: {out:?}"
+    );
+    persist_all(&mut c, &mut out);
+    let to_c: Vec<&'static str> = sends(&out)
+        .into_iter()
+        .filter(|(to, _)| *to == r("c"))
+        .map(|(_, m)| match m {
+            ToRegion::RegisterAck { .. } => "ack",
+            ToRegion::BeginHandOff { .. } => "begin",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(to_c.first(), Some(&"ack"), "{to_c:?}");
+    assert_eq!(
+        to_c.iter().filter(|m| **m == "begin").count(),
+        2,
+        "b's two shards: {to_c:?}"
+    );
+}
+
 // ---- coordinator: failover ----------------------------------------------------------------------
 
 #[test]
