@@ -27,22 +27,25 @@ fn coordinator(shards: u32, regions: &[&str]) -> Coordinator {
 }
 
 fn register(c: &mut Coordinator, name: &str) -> Vec<Action> {
-    let mut out = Vec::new();
-    c.handle(
-        0,
-        Input::Message {
-            from: r(name),
-            msg: ToCoordinator::Register {
-                shard_count: c.state().shard_count,
-                proxy: false,
-                shard_fn: None,
-                attempt: 1,
-            },
-        },
-        &mut out,
-    );
+    let mut out = register_unstored(c, name);
     persist_all(c, &mut out);
     out
+}
+
+/// `name` registers (attempt 1); its registration is not stored yet.
+fn register_unstored(c: &mut Coordinator, name: &str) -> Vec<Action> {
+    let shard_count = c.state().shard_count;
+    msg(
+        c,
+        0,
+        name,
+        ToCoordinator::Register {
+            shard_count,
+            proxy: false,
+            shard_fn: None,
+            attempt: 1,
+        },
+    )
 }
 
 /// Acknowledge every emitted update.
@@ -792,17 +795,7 @@ fn every_leaving_of_a_region_without_shards_is_answered() {
 fn a_leave_waits_for_a_deferred_register_ack_before_its_hand_offs() {
     let mut c = coordinator(4, &["a", "b"]);
     allocate(&mut c, 0..4); // two each
-    let out = msg(
-        &mut c,
-        0,
-        "c",
-        ToCoordinator::Register {
-            shard_count: 4,
-            proxy: false,
-            shard_fn: None,
-            attempt: 1,
-        },
-    );
+    let out = register_unstored(&mut c, "c");
     assert!(
         sends(&out).is_empty(),
         "c's ack waits for its registration: {out:?}"
@@ -841,17 +834,7 @@ fn recovery_bumps_the_epoch_and_waits_for_regions_before_hand_offs() {
     let mut c = coordinator(4, &["a", "b"]);
     allocate(&mut c, 0..4);
     // An update emitted but never persisted is not assumed by the successor.
-    let _ = msg(
-        &mut c,
-        0,
-        "c",
-        ToCoordinator::Register {
-            shard_count: 4,
-            proxy: false,
-            shard_fn: None,
-            attempt: 1,
-        },
-    );
+    let _ = register_unstored(&mut c, "c");
     let state = c.state().clone();
     assert!(!state.regions.contains_key(&r("c")));
     assert!(matches!(
