@@ -8,6 +8,12 @@
 //! whole set. A write older than the set held is ignored and answered
 //! [`EntitiesAck::Newer`] with the stamp held.
 //!
+//! Sets only grow (no id is ever forgotten), so a whole set is merged into the one the
+//! replica holds, not put in its place: an id an earlier hosting wrote here stays even when
+//! the next owner's majority read missed it (its save still running, or the hand-off ended
+//! by its timeout). An acknowledgement therefore means "the replica holds at least your
+//! set".
+//!
 //! Without a durable store an accepted write is held at once. With one, it becomes the
 //! shard's *pending* set: one save per shard runs at a time, always of the newest pending
 //! set, and a write is acknowledged once a save of it or of a newer set succeeds. Reads see
@@ -127,7 +133,13 @@ impl EntitySets {
                 }
             }
             (EntityWrite::Delta(_), _) => return Offer::Ready(EntitiesAck::NeedFull),
-            (EntityWrite::Full(set), _) => Some(set),
+            // Sets only grow: the whole set keeps what the replica accepted before, which may
+            // hold ids an earlier hosting wrote that this owner's majority read missed.
+            (EntityWrite::Full(mut set), Some(cur)) => {
+                set.ids.extend(cur.ids.iter().cloned());
+                Some(set)
+            }
+            (EntityWrite::Full(set), None) => Some(set),
         };
         if !self.durable {
             if let Some(set) = next {
@@ -288,7 +300,7 @@ mod tests {
     }
 
     #[test]
-    fn an_older_owner_is_ignored_and_a_newer_generation_replaces() {
+    fn an_older_owner_is_ignored_and_a_newer_generation_takes_over() {
         let mut s = EntitySets::new(false);
         s.offer(key(1), EntityWrite::Full(set((2, 4), &["a", "b"])));
         // A write of an earlier generation (its owner's late write): ignored, and the writer
@@ -314,6 +326,55 @@ mod tests {
         assert_eq!(s.read(&key(2)), None);
         assert_eq!(s.of_type("t").map(|s| s.ids.len()).sum::<usize>(), 3);
         assert_eq!(s.of_type("other").count(), 0);
+    }
+
+    #[test]
+    fn a_newer_generation_keeps_the_ids_an_earlier_one_wrote() {
+        let mut s = EntitySets::new(false);
+        s.offer(key(1), EntityWrite::Full(set((2, 4), &["a", "x"])));
+        // The next owner's majority read missed `x` (this replica's copy came in late): its
+        // whole set does not make the replica forget it.
+        assert_eq!(
+            ready(s.offer(key(1), EntityWrite::Full(set((3, 0), &["a", "b"])))),
+            EntitiesAck::Held
+        );
+        assert_eq!(s.read(&key(1)), Some(set((3, 0), &["a", "b", "x"])));
+        // Its deltas go on from there.
+        s.offer(key(1), delta((3, 0), (3, 1), &["c"]));
+        assert_eq!(s.read(&key(1)), Some(set((3, 1), &["a", "b", "c", "x"])));
+    }
+
+    #[tokio::test]
+    async fn a_newer_generation_keeps_ids_still_being_saved() {
+        // The scenario of a hand-off that ended by its timeout: the old owner's delta with `x`
+        // is accepted and its save still runs when the new owner's whole set arrives.
+        let mut s = EntitySets::new(true);
+        let Offer::Pending { answer: base, .. } =
+            s.offer(key(1), EntityWrite::Full(set((1, 1), &["a"])))
+        else {
+            panic!("a durable write waits for its save");
+        };
+        let saving = s.next_save(&key(1)).unwrap();
+        s.saved(&key(1), saving, true);
+        assert_eq!(base.await, Ok(EntitiesAck::Held));
+        let Offer::Pending { answer: old, .. } = s.offer(key(1), delta((1, 1), (1, 2), &["x"]))
+        else {
+            panic!("a durable write waits for its save");
+        };
+        let saving = s.next_save(&key(1)).unwrap();
+        let Offer::Pending { answer: new, .. } =
+            s.offer(key(1), EntityWrite::Full(set((2, 0), &["a", "b"])))
+        else {
+            panic!("a durable write waits for its save");
+        };
+        s.saved(&key(1), saving, true);
+        assert_eq!(old.await, Ok(EntitiesAck::Held));
+        let saving = s.next_save(&key(1)).unwrap();
+        assert_eq!(saving, set((2, 0), &["a", "b", "x"]));
+        s.saved(&key(1), saving, true);
+        assert_eq!(new.await, Ok(EntitiesAck::Held));
+        assert_eq!(s.read(&key(1)), Some(set((2, 0), &["a", "b", "x"])));
+        assert!(s.next_save(&key(1)).is_none());
     }
 
     #[tokio::test]

@@ -331,8 +331,8 @@ impl Remember {
             .is_some_and(|m| m.gen == gen && !m.stopping)
     }
 
-    /// The newest set of `shard` among a majority of the quorum's replicas, or `None` if a
-    /// majority did not answer within the timeout.
+    /// The sets of `shard` of a majority of the quorum's replicas, merged (the newest stamp,
+    /// every id), or `None` if a majority did not answer within the timeout.
     async fn read_majority(&self, shard: ShardId) -> Option<EntitySet> {
         let state = self.cluster.state();
         let members = quorum_members(&state, self.role.as_deref());
@@ -346,7 +346,7 @@ impl Remember {
         if members.contains(&me) || members.is_empty() {
             answered += 1;
             if let Some(s) = self.replicas.read_entities(&self.type_name, shard) {
-                best = newest(best, s);
+                best = merged(best, s);
             }
         }
         let mut reads = tokio::task::JoinSet::new();
@@ -374,7 +374,7 @@ impl Remember {
                 Some(Ok(Ok(set))) => {
                     answered += 1;
                     if let Some(s) = set {
-                        best = newest(best, s);
+                        best = merged(best, s);
                     }
                 }
                 Some(_) => {}
@@ -644,17 +644,49 @@ fn set_generation(floor: u64, token: Option<FencingToken>) -> u64 {
     floor.saturating_add(1).max(token.unwrap_or(0))
 }
 
-fn newest(a: EntitySet, b: EntitySet) -> EntitySet {
-    if b.stamp > a.stamp {
-        b
+/// Two replicas' sets of one shard as one: the newer stamp and every id of both. Sets only
+/// grow, so an id an older set holds and the newer one lacks was written by a hosting whose
+/// write to the newer set's replica is still on its way (or was cut off by a hand-off's
+/// timeout): it stays remembered.
+fn merged(a: EntitySet, b: EntitySet) -> EntitySet {
+    let (mut big, small) = if a.ids.len() >= b.ids.len() {
+        (a, b)
     } else {
-        a
-    }
+        (b, a)
+    };
+    big.stamp = big.stamp.max(small.stamp);
+    big.ids.extend(small.ids);
+    big
 }
 
 #[cfg(test)]
 mod tests {
-    use super::set_generation;
+    use super::{merged, set_generation};
+    use crate::cluster::wire::EntitySet;
+
+    fn set(stamp: (u64, u64), ids: &[&str]) -> EntitySet {
+        EntitySet {
+            stamp,
+            ids: ids.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_majority_read_keeps_the_ids_of_every_set_it_got() {
+        // The newer set (a later hosting's) lacks `x`, which an earlier hosting wrote to the
+        // other replica after the later one read: `x` stays remembered.
+        let older = set((3, 9), &["a", "x"]);
+        let newer = set((5, 1), &["a", "b"]);
+        assert_eq!(
+            merged(older.clone(), newer.clone()),
+            set((5, 1), &["a", "b", "x"])
+        );
+        assert_eq!(merged(newer, older), set((5, 1), &["a", "b", "x"]));
+        assert_eq!(
+            merged(EntitySet::default(), set((1, 0), &[])),
+            set((1, 0), &[])
+        );
+    }
 
     #[test]
     fn a_hosting_writes_under_its_allocation_token() {

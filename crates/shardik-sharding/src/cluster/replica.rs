@@ -6,9 +6,15 @@
 //! accepted write is stored durably before it is acknowledged and before reads see it, and
 //! the node loads what its store holds before it serves any request: a majority that
 //! acknowledged a coordinator state still holds it after a full cluster restart.
+//!
+//! A store call that has not answered within [`STORE_TIMEOUT`] counts as failed (nothing is
+//! acknowledged; the writer retries): a connection to the database that hangs (a host gone
+//! without a reset) must not hold a type's writes, or a shard's saves, for as long as the
+//! kernel takes to give up on it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use shardik_actor::ReplyTo;
@@ -17,12 +23,29 @@ use shardik_remote::Remote;
 use super::entity_sets::{EntitySets, EntityWrite, Offer, SetKey};
 use super::state_store::{
     decode, encode, RecordKey, ShardingRecord, ShardingStateStore, StateStoreError,
+    StateStoreFuture,
 };
 use super::wire::{
     decoder, EntitiesAck, EntitySet, PromiseAck, ReplicaAck, ReplicaReq, REPLICA_PATH,
 };
 use crate::coordination::{CoordinatorState, Epoch};
 use crate::hash::ShardId;
+
+/// How long a call to the [`ShardingStateStore`] may take before it counts as failed. A save
+/// that ends later is harmless: records replace only lower ranks, so a late save of an
+/// unacknowledged write changes nothing a majority relied on.
+pub(crate) const STORE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `call`, failed if it has not answered within [`STORE_TIMEOUT`].
+async fn within_timeout<T>(op: &str, call: StateStoreFuture<'_, T>) -> Result<T, StateStoreError> {
+    tokio::time::timeout(STORE_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StateStoreError(format!(
+                "no answer to {op} within {STORE_TIMEOUT:?}"
+            )))
+        })
+}
 
 /// The durable side of a replica: the store and this node's id in it.
 struct Durable {
@@ -107,11 +130,13 @@ impl ReplicaStore {
         store: Arc<dyn ShardingStateStore>,
         node: &str,
     ) -> Result<ReplicaStore, StateStoreError> {
-        let records = store.load_records(node).await.inspect_err(|e| {
-            metrics::counter!("shardik_sharding_state_store_failures_total", "op" => "load")
-                .increment(1);
-            tracing::error!(node, "cannot load the sharding state: {e}");
-        })?;
+        let records = within_timeout("a load", store.load_records(node))
+            .await
+            .inspect_err(|e| {
+                metrics::counter!("shardik_sharding_state_store_failures_total", "op" => "load")
+                    .increment(1);
+                tracing::error!(node, "cannot load the sharding state: {e}");
+            })?;
         let r = ReplicaStore {
             durable: Some(Durable {
                 store,
@@ -233,7 +258,7 @@ impl ReplicaStore {
             bytes,
         });
         let saved = match record {
-            Ok(record) => d.store.save_record(&d.node, &record).await,
+            Ok(record) => within_timeout("a save", d.store.save_record(&d.node, &record)).await,
             Err(e) => Err(e),
         };
         match saved {
@@ -273,7 +298,7 @@ impl ReplicaStore {
             bytes,
         });
         let saved = match record {
-            Ok(record) => d.store.save_record(&d.node, &record).await,
+            Ok(record) => within_timeout("a save", d.store.save_record(&d.node, &record)).await,
             Err(e) => Err(e),
         };
         match saved {
@@ -350,7 +375,7 @@ impl ReplicaStore {
                         rank: set.stamp,
                         bytes,
                     };
-                    d.store.save_record(&d.node, &record).await
+                    within_timeout("a save", d.store.save_record(&d.node, &record)).await
                 }
                 Err(e) => Err(e),
             };
@@ -639,14 +664,16 @@ mod tests {
 mod durable_tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use super::super::state_store::{replaces, StateStoreFuture};
+    use super::super::state_store::replaces;
     use super::*;
 
-    /// A store in memory that fails every operation while `fail` is set.
+    /// A store in memory that fails every operation while `fail` is set, and never answers
+    /// a save while `hang` is set.
     #[derive(Default)]
     struct TestStore {
         records: Mutex<HashMap<(String, RecordKey), ShardingRecord>>,
         fail: AtomicBool,
+        hang: AtomicBool,
     }
 
     impl ShardingStateStore for TestStore {
@@ -656,6 +683,9 @@ mod durable_tests {
             record: &'a ShardingRecord,
         ) -> StateStoreFuture<'a, bool> {
             Box::pin(async move {
+                if self.hang.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
                 if self.fail.load(Ordering::SeqCst) {
                     return Err(StateStoreError("injected".into()));
                 }
@@ -763,6 +793,34 @@ mod durable_tests {
         // A failing load is an error, not an empty replica.
         store.fail.store(true, Ordering::SeqCst);
         assert!(ReplicaStore::load(store, "n1").await.is_err());
+    }
+
+    /// A store that never answers (a connection hung on a host that is gone) fails the call
+    /// after [`STORE_TIMEOUT`]: the type's writes and the shard's saves go on once it answers
+    /// again, instead of waiting behind the hung call.
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_does_not_answer_fails_the_call_after_the_timeout() {
+        let store = Arc::new(TestStore::default());
+        let r = Arc::new(ReplicaStore::load(store.clone(), "n1").await.unwrap());
+        store.hang.store(true, Ordering::SeqCst);
+        let started = tokio::time::Instant::now();
+        assert_eq!(r.write_durable("t", state(1, 1)).await, None);
+        assert_eq!(r.promise_durable("t", 2).await, None);
+        assert_eq!(started.elapsed(), STORE_TIMEOUT * 2);
+        let set_write = |stamp, ids: &[&str]| EntityWrite::Full(set(stamp, ids));
+        let hung = write_entities(&r, "t", 3, set_write((1, 1), &["a"]));
+        assert_eq!(
+            hung.await,
+            None,
+            "a save that timed out is not acknowledged"
+        );
+        store.hang.store(false, Ordering::SeqCst);
+        assert!(r.write_durable("t", state(1, 1)).await.unwrap().accepted);
+        assert_eq!(
+            write_entities(&r, "t", 3, set_write((1, 2), &["a", "b"])).await,
+            Some(EntitiesAck::Held)
+        );
+        assert_eq!(r.read("t").map(|s| s.version), Some(1));
     }
 
     /// Applies `write` and waits for its answer; `None` if it was not stored.
