@@ -1,9 +1,10 @@
-//! The cluster singleton across three nodes over real TCP: exactly one instance, hand-over on
-//! a graceful leave of its node (the old instance stops before the new one starts, and
-//! messages sent through a proxy during the hand-over are delivered), restart on the next
-//! oldest node after a crash (only once the crashed node is `Down`), a partition that isolates
-//! the host (its instance stops when its node is fenced, before the majority starts one, even
-//! with no down margin), and a bounded proxy buffer.
+//! The cluster singleton across nodes over real TCP: exactly one instance, hand-over on a
+//! graceful leave of its node (the old instance stops before the new one starts, also when
+//! the leaving node is downed meanwhile, and messages sent through a proxy that sees the host
+//! leaving are delivered), restart on the next oldest node after a crash (only once the
+//! crashed node is `Down`), a partition that isolates the host (its instance stops when its
+//! node is fenced, before the majority starts one, even with no down margin), an instance
+//! that stops on its own started again, and a bounded proxy buffer.
 
 mod netutil;
 
@@ -27,6 +28,8 @@ enum Msg {
     Slow(u64, u64),
     /// Which node runs the instance, and what it received.
     Get(ReplyTo<(String, Vec<u64>)>),
+    /// The instance stops itself.
+    Stop,
 }
 
 /// Who is alive, shared by all nodes of the test (they run in one process).
@@ -35,8 +38,36 @@ struct Witness {
     alive: AtomicUsize,
     max_alive: AtomicUsize,
     log: Mutex<Vec<String>>,
+    /// Told of every line added to `log`.
+    logged: tokio::sync::Notify,
     /// For every instance started: its node, that node's view and the time at that moment.
     views: Mutex<Vec<(String, View, Instant)>>,
+}
+
+impl Witness {
+    fn push(&self, line: String) {
+        self.log.lock().push(line);
+        self.logged.notify_waiters();
+    }
+
+    /// Waits until the log holds at least `len` lines, and returns it.
+    async fn wait_log(&self, len: usize) -> Vec<String> {
+        self.wait_log_for(|log| log.len() >= len).await
+    }
+
+    /// Waits until `pred` holds for the log, and returns it.
+    async fn wait_log_for(&self, mut pred: impl FnMut(&[String]) -> bool) -> Vec<String> {
+        loop {
+            let notified = self.logged.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let log = self.log.lock().clone();
+            if pred(&log) {
+                return log;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// The status of every member (by node id) in one node's view; removed members are absent.
@@ -53,14 +84,14 @@ impl Actor for Counter {
     async fn started(&mut self, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
         let n = self.witness.alive.fetch_add(1, Ordering::SeqCst) + 1;
         self.witness.max_alive.fetch_max(n, Ordering::SeqCst);
-        self.witness.log.lock().push(format!("start {}", self.node));
+        self.witness.push(format!("start {}", self.node));
         Ok(())
     }
     async fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        self.witness.log.lock().push(format!("stop {}", self.node));
+        self.witness.push(format!("stop {}", self.node));
         self.witness.alive.fetch_sub(1, Ordering::SeqCst);
     }
-    async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+    async fn handle(&mut self, msg: Msg, ctx: &mut Context<Self>) -> Result<(), ActorError> {
         match msg {
             Msg::Add(n) => self.got.push(n),
             Msg::Slow(n, ms) => {
@@ -68,6 +99,7 @@ impl Actor for Counter {
                 self.got.push(n);
             }
             Msg::Get(reply) => reply.reply((self.node.clone(), self.got.clone())),
+            Msg::Stop => ctx.stop(),
         }
         Ok(())
     }
@@ -620,4 +652,174 @@ async fn a_proxy_buffers_for_a_flagged_host_it_still_hears() {
     let (host, got) = heal_and_ask(&hosted.faults, &hosted.p1, &hosted.n0).await;
     assert_eq!((host.as_str(), got), ("n0", vec![1]));
     hosted.end().await;
+}
+
+/// A host that leaves with a long backlog and is downed (by an operator) while its instance
+/// works through it stops the instance at once: the others start a new one `down_margin`
+/// after the `Down`, without waiting for `HandedOver`. Found by an audit on 2026-11-29: the
+/// manager waited for the drain inside its step and saw neither the fence nor the `Down`, so
+/// the old instance ran on for up to half the removal timeout next to the new one. n3, which
+/// does not have the singleton's role, is cut off so that the leave cannot converge: n0 stays
+/// `Leaving` until it is downed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_host_downed_during_its_hand_over_stops_its_instance_at_once() {
+    let faults = shardik_remote::FaultInjector::new();
+    let (nodes, _) = cluster_with(4, |i| {
+        let c = config(&format!("n{i}"))
+            .faults(faults.clone())
+            .stable_after(Duration::from_secs(60));
+        if i < 3 {
+            c.role("host")
+        } else {
+            c
+        }
+    })
+    .await;
+    let witness = Arc::new(Witness::default());
+    // Half the removal timeout, the longest drain, is far beyond the margin.
+    let settings = || {
+        SingletonSettings::new("counter")
+            .role("host")
+            .down_margin(MARGIN)
+            .removal_timeout(Duration::from_secs(60))
+    };
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| start_singleton_with(&n.cluster, &witness, settings()))
+        .collect();
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    for other in ["n0", "n1", "n2"] {
+        faults.cut_both("n3", other);
+    }
+    let n3 = nodes[3].id().clone();
+    for node in &nodes[..3] {
+        wait(
+            &node.cluster,
+            "n3 unreachable",
+            Duration::from_secs(10),
+            |s| s.unreachable.contains(&n3),
+        )
+        .await;
+    }
+    // 600 messages of 50 ms: a 30 s backlog on the host.
+    let proxy = singletons[0].proxy();
+    for i in 0..600 {
+        proxy.tell(Msg::Slow(i, 50)).unwrap();
+    }
+    let leaver = nodes[0].cluster.clone();
+    let leave = tokio::spawn(async move { leaver.leave().await });
+    let n0 = nodes[0].id().clone();
+    wait(
+        &nodes[1].cluster,
+        "n0 leaving",
+        Duration::from_secs(5),
+        |s| {
+            s.member(&n0)
+                .is_some_and(|m| m.status == MemberStatus::Leaving)
+        },
+    )
+    .await;
+    nodes[1].cluster.down(&n0);
+    let next = within("another node hosts", 15, async {
+        tokio::select! {
+            _ = singletons[1].wait_hosting(true) => 1,
+            _ = singletons[2].wait_hosting(true) => 2,
+        }
+    })
+    .await;
+    let started = format!("start n{next}");
+    let log = within(
+        "the new instance starts",
+        5,
+        witness.wait_log_for(|log| log.contains(&started)),
+    )
+    .await;
+    assert_eq!(
+        log[..],
+        [
+            "start n0".to_string(),
+            "stop n0".into(),
+            format!("start n{next}")
+        ],
+        "the old instance stopped before the new one started"
+    );
+    assert_eq!(witness.max_alive.load(Ordering::SeqCst), 1, "{log:?}");
+    assert_eq!(
+        within("n0 stops", 10, leave).await.unwrap(),
+        shardik_cluster::runtime::NodeStopReason::Downed
+    );
+    stop_all(&nodes).await;
+}
+
+/// A host shut down without leaving (the others take it for crashed, and start a new
+/// instance once it is `Down`) stops its instance at once rather than working through the
+/// queue first, which is for a graceful leave only (found by the same audit: it worked
+/// through it for up to half the removal timeout whatever the reason the node stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_shut_down_with_a_backlog_stops_its_instance_at_once() {
+    let (nodes, _) = cluster_of(2, None).await;
+    let witness = Arc::new(Witness::default());
+    let settings = || {
+        SingletonSettings::new("counter")
+            .down_margin(MARGIN)
+            .removal_timeout(Duration::from_secs(60))
+    };
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| start_singleton_with(&n.cluster, &witness, settings()))
+        .collect();
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    // A 30 s backlog.
+    let proxy = singletons[0].proxy();
+    for i in 0..600 {
+        proxy.tell(Msg::Slow(i, 50)).unwrap();
+    }
+    nodes[0].cluster.shutdown().await;
+    within("n0's instance stops", 5, singletons[0].wait_hosting(false)).await;
+    let log = within("the instance stops", 5, witness.wait_log(2)).await;
+    assert_eq!(log, ["start n0", "stop n0"]);
+    stop_all(&nodes).await;
+}
+
+/// An instance that stops on its own (here it stops itself; a supervisor giving up does the
+/// same) is started again on the same host after a backoff (1 s the first time). Meanwhile
+/// the host no longer says it runs one, and the proxies buffer until it does: a message told
+/// then reaches the new instance. Found by an audit on 2026-11-29: the manager kept the dead
+/// instance, went on announcing it, and every message to it was lost although `tell`
+/// returned `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_stops_on_its_own_is_started_again() {
+    let (nodes, _) = cluster_of(2, None).await;
+    let (witness, singletons) = start_everywhere(&nodes);
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let n0 = nodes[0].id().clone();
+    let (p0, p1) = (singletons[0].proxy(), singletons[1].proxy());
+    sending_to(&p1, &n0).await;
+    p1.tell(Msg::Add(1)).unwrap();
+    p1.tell(Msg::Stop).unwrap();
+    within("n0 no longer hosts", 5, singletons[0].wait_hosting(false)).await;
+    within("n1's proxy waits", 5, p1.wait_host(|h| h.is_none())).await;
+    within("n0's proxy waits", 5, p0.wait_host(|h| h.is_none())).await;
+    p1.tell(Msg::Add(2)).unwrap();
+    p0.tell(Msg::Add(3)).unwrap();
+    assert_eq!((p0.buffered(), p1.buffered()), (1, 1));
+    within("n0 hosts again", 10, singletons[0].wait_hosting(true)).await;
+    let (host, got) = within(
+        "the new instance answers",
+        10,
+        p1.ask(Msg::Get, Duration::from_secs(5)),
+    )
+    .await
+    .expect("the new instance answers");
+    assert_eq!(host, "n0");
+    let mut got = got;
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        vec![2, 3],
+        "a new instance, with the messages told meanwhile"
+    );
+    let log = within("the log", 5, witness.wait_log(3)).await;
+    assert_eq!(log, ["start n0", "stop n0", "start n0"]);
+    stop_all(&nodes).await;
 }

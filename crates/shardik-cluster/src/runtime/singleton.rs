@@ -46,7 +46,17 @@
 //! ([`graceful_stop`](shardik_actor::ActorRef::graceful_stop): the messages already queued
 //! are handled first), waits until it has terminated and only then sends `HandedOver` to every
 //! member; the next oldest starts the new instance when that arrives. So the old instance has
-//! stopped before the new one starts.
+//! stopped before the new one starts. If the node is fenced, downed (an operator may down a
+//! leaving node; the others then start a new instance `down_margin` later) or stopped for
+//! another reason than its leave while the queue is worked through, the instance stops at once
+//! (after its current message). Messages a proxy sends once its node sees the host `Leaving`
+//! are buffered for the new instance; one that reaches the old host after its manager began
+//! the hand-over (sent by a proxy that still took it for `Up`) is lost.
+//!
+//! **An instance that stops on its own** (it stopped itself, or its supervisor gave up) is
+//! replaced on the same host after a backoff: 1 s, doubled after every such stop up to 30 s,
+//! back to 1 s once an instance ran for 30 s (logged at `warn` with the reason). Meanwhile the
+//! host does not say it runs the instance, and proxies buffer as for a fenced host.
 //!
 //! **Crash** of the host: it stays the oldest `Up` member while it is only unreachable (no
 //! second instance is started on a suspicion); once the split brain resolver marked it `Down`,
@@ -88,7 +98,7 @@ use shardik_remote::RemoteRef;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::cluster::{Cluster, ClusterState, Event};
+use super::cluster::{Cluster, ClusterState, Event, NodeStopReason};
 use super::inbox;
 use super::singleton_view::SingletonView;
 use crate::events::ClusterEvent;
@@ -178,6 +188,16 @@ pub fn decide(
         SingletonDecision::Host
     } else {
         SingletonDecision::WaitFor(blockers)
+    }
+}
+
+/// Whether the instance must stop at once, even during a hand-over: the node is fenced
+/// (also when it is `Down`) or stopped for another reason than a graceful leave (a stopped
+/// node is always fenced).
+fn must_stop_at_once(state: &ClusterState) -> bool {
+    match state.stopped {
+        Some(reason) => reason != NodeStopReason::Left,
+        None => state.fenced,
     }
 }
 
@@ -516,6 +536,9 @@ where
                 shared.settings.down_margin,
                 &[],
             ),
+            started_at: Instant::now(),
+            restart_at: None,
+            backoff: RestartBackoff::new(),
         };
         tokio::spawn(manager.run(rx));
         ClusterSingleton { shared }
@@ -662,6 +685,39 @@ struct Manager<A: Actor> {
     /// members so (`Paused`) on every announcement tick while fenced.
     paused: bool,
     view: SingletonView,
+    /// When the current instance was started (to reset the restart backoff).
+    started_at: Instant,
+    /// The instance stopped on its own: a new one starts (if this node still hosts) no
+    /// earlier than this.
+    restart_at: Option<Instant>,
+    backoff: RestartBackoff,
+}
+
+/// The least and the most time between an instance that stopped on its own and the next.
+const RESTART_MIN: Duration = Duration::from_secs(1);
+const RESTART_MAX: Duration = Duration::from_secs(30);
+
+/// The wait before a new instance replaces one that stopped on its own: 1 s, doubled after
+/// every such stop up to 30 s, and back to 1 s for an instance that ran at least 30 s.
+#[derive(Debug)]
+struct RestartBackoff {
+    next: Duration,
+}
+
+impl RestartBackoff {
+    fn new() -> Self {
+        RestartBackoff { next: RESTART_MIN }
+    }
+
+    /// An instance stopped on its own after running `ran`: how long to wait before the next.
+    fn on_stopped(&mut self, ran: Duration) -> Duration {
+        if ran >= RESTART_MAX {
+            self.next = RESTART_MIN;
+        }
+        let delay = self.next;
+        self.next = (self.next * 2).min(RESTART_MAX);
+        delay
+    }
 }
 
 impl<A> Manager<A>
@@ -681,8 +737,26 @@ where
         );
         loop {
             let mut announce = false;
+            // The instance may stop on its own (it stopped itself, or its supervisor gave
+            // up): `step` then forgets it and starts a new one after a backoff.
+            let instance = self.instance.clone();
+            let terminated = async {
+                match &instance {
+                    Some(actor) => actor.terminated().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let restart_at = self.restart_at;
+            let restart = async {
+                match restart_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tick.tick() => announce = true,
+                _ = terminated => {}
+                _ = restart => {}
                 e = events.recv() => match e {
                     Ok(Event::Stopped(_)) | Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                     Ok(Event::Cluster(e)) => self.on_event(e),
@@ -699,7 +773,11 @@ where
             }
             self.step(&state, announce).await;
         }
-        self.stop_instance(true).await;
+        // Only a node that left gracefully works through the instance's queue: one that was
+        // downed, removed or shut down (or whose remoting stopped) is fenced, and the others
+        // start a new instance without waiting for it.
+        let left = cluster.stopped() == Some(NodeStopReason::Left);
+        self.stop_instance(left).await;
         cluster.remote().unregister(&self.shared.manager_path);
         let mut p = self.shared.proxy.lock();
         p.stopped = true;
@@ -765,6 +843,10 @@ where
     }
 
     async fn step(&mut self, state: &ClusterState, announce: bool) {
+        let reaped = self.reap_instance(state).await;
+        // Once its time has come the backoff is over, whatever the decision (a time left in
+        // the past would wake the loop again and again).
+        self.restart_at = self.restart_at.filter(|at| Instant::now() < *at);
         self.shared.flush(state);
         let shared = &self.shared;
         let members = self
@@ -796,7 +878,14 @@ where
         }
         self.paused = false;
         match (&decision, self.instance.is_some()) {
-            (SingletonDecision::Host, false) => self.start_instance(state),
+            (SingletonDecision::Host, false) => {
+                if self.restart_at.is_none() {
+                    self.start_instance(state);
+                } else if announce {
+                    // The proxies wait for the next instance (told again: a copy may be lost).
+                    self.send_all(state, WireMsg::Paused(state.self_node.clone()));
+                }
+            }
             (SingletonDecision::Host, true) => {
                 if announce {
                     // This node's own proxy takes the announcement too (one from itself is
@@ -815,7 +904,7 @@ where
                 let leaving = state.self_member().is_none_or(|m| {
                     matches!(m.status, MemberStatus::Leaving | MemberStatus::Exiting)
                 });
-                if announce && leaving {
+                if reaped || (announce && leaving) {
                     self.send_all(state, WireMsg::HandedOver(state.self_node.clone()));
                 }
             }
@@ -829,6 +918,41 @@ where
                 );
             }
         }
+    }
+
+    /// Forgets an instance that stopped on its own (not stopped by this manager, which takes
+    /// it first): this node no longer runs it, its proxies wait for the next `Hosting`
+    /// (`Paused`, like a fenced host) and a new one starts after a backoff. Returns whether
+    /// it did.
+    async fn reap_instance(&mut self, state: &ClusterState) -> bool {
+        let Some(actor) = self.instance.take_if(|a| a.is_terminated()) else {
+            return false;
+        };
+        let reason = actor.terminated().await.reason;
+        self.shared
+            .cluster
+            .remote()
+            .unregister(&self.shared.instance_path);
+        self.shared.clear_host_if(&state.self_node);
+        self.shared.hosting_tx.send_replace(false);
+        let delay = self.backoff.on_stopped(self.started_at.elapsed());
+        self.restart_at = Some(Instant::now() + delay);
+        if self.shared.cluster.remote().system().is_shutting_down() {
+            tracing::debug!(
+                singleton = self.shared.settings.name,
+                ?reason,
+                "singleton instance stopped with the actor system"
+            );
+        } else {
+            tracing::warn!(
+                singleton = self.shared.settings.name,
+                ?reason,
+                ?delay,
+                "singleton instance stopped on its own: starting a new one after a backoff"
+            );
+        }
+        self.send_all(state, WireMsg::Paused(state.self_node.clone()));
+        true
     }
 
     fn start_instance(&mut self, state: &ClusterState) {
@@ -850,6 +974,7 @@ where
             .register(&self.shared.instance_path, actor.clone());
         tracing::info!(singleton = self.shared.settings.name, node = %state.self_node.node_id, "singleton instance started");
         self.instance = Some(actor.clone());
+        self.started_at = Instant::now();
         self.shared.hosting_tx.send_replace(true);
         self.shared
             .set_host(state.self_node.clone(), Target::Local(actor));
@@ -875,16 +1000,37 @@ where
             // and an instance still busy then would overlap with the new one. After that the
             // instance stops after its current message (the rest are dead letters).
             let grace = self.shared.settings.removal_timeout / 2;
-            if tokio::time::timeout(grace, actor.terminated())
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    singleton = self.shared.settings.name,
-                    ?grace,
-                    "singleton instance still working through its queue: stopping it after its current message"
-                );
-                actor.stop();
+            // Meanwhile the manager's loop does not run: the node may be fenced, downed (an
+            // operator may down a leaving node, and the others then start a new instance
+            // `down_margin` later, without waiting for `HandedOver`) or stopped for another
+            // reason than its leave. Then the instance stops at once too.
+            let cluster = self.shared.cluster.clone();
+            let must_stop = async {
+                let s = cluster.wait_until(must_stop_at_once).await;
+                if !must_stop_at_once(&s) {
+                    // Only if the state could no longer change: nothing to wait for.
+                    std::future::pending::<()>().await;
+                }
+                s
+            };
+            tokio::select! {
+                _ = actor.terminated() => {}
+                _ = tokio::time::sleep(grace) => {
+                    tracing::warn!(
+                        singleton = self.shared.settings.name,
+                        ?grace,
+                        "singleton instance still working through its queue: stopping it after its current message"
+                    );
+                    actor.stop();
+                }
+                s = must_stop => {
+                    tracing::warn!(
+                        singleton = self.shared.settings.name,
+                        stopped = ?s.stopped,
+                        "node fenced, downed or stopped during the hand-over: stopping the singleton instance after its current message"
+                    );
+                    actor.stop();
+                }
             }
         } else {
             actor.stop();
@@ -954,6 +1100,43 @@ mod tests {
         assert_eq!(s.down_margin, MAX_SETTING);
         let s = SingletonSettings::new("x").announce_interval(Duration::MAX);
         assert_eq!(s.announce_interval, MAX_SETTING);
+    }
+
+    /// An instance that stops on its own is replaced after 1 s, then 2, 4, ... up to 30 s
+    /// while it keeps stopping soon, and after 1 s again once one ran for 30 s.
+    #[test]
+    fn restart_backoff_doubles_up_to_a_bound_and_resets_after_a_long_run() {
+        let mut b = RestartBackoff::new();
+        let short = Duration::from_millis(10);
+        let delays: Vec<u64> = (0..7).map(|_| b.on_stopped(short).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(b.on_stopped(RESTART_MAX), RESTART_MIN);
+        assert_eq!(b.on_stopped(short), 2 * RESTART_MIN);
+    }
+
+    /// During a hand-over the instance stops at once when the node is fenced (a `Down` node
+    /// is) or stopped for any reason but a graceful leave.
+    #[test]
+    fn only_a_graceful_leave_lets_the_instance_work_through_its_queue() {
+        let me = member(1, MemberStatus::Leaving, Some(1), &[]);
+        let mut s = ClusterState::empty(me.node.clone());
+        s.members = vec![me];
+        assert!(!must_stop_at_once(&s));
+        s.fenced = true;
+        assert!(must_stop_at_once(&s));
+        // A stopped node is always fenced.
+        s.stopped = Some(NodeStopReason::Left);
+        assert!(!must_stop_at_once(&s));
+        for reason in [
+            NodeStopReason::Downed,
+            NodeStopReason::Removed,
+            NodeStopReason::Shutdown,
+            NodeStopReason::SystemShutdown,
+            NodeStopReason::RemoteStopped,
+        ] {
+            s.stopped = Some(reason);
+            assert!(must_stop_at_once(&s), "{reason:?}");
+        }
     }
 
     #[test]

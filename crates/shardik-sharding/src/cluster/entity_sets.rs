@@ -136,7 +136,12 @@ impl EntitySets {
             // Sets only grow: the whole set keeps what the replica accepted before, which may
             // hold ids an earlier hosting wrote that this owner's majority read missed.
             (EntityWrite::Full(mut set), Some(cur)) => {
-                set.ids.extend(cur.ids.iter().cloned());
+                // Usually the owner's set holds them all already: clone only what it lacks.
+                for id in &cur.ids {
+                    if !set.ids.contains(id) {
+                        set.ids.insert(id.clone());
+                    }
+                }
                 Some(set)
             }
             (EntityWrite::Full(set), None) => Some(set),

@@ -5,8 +5,8 @@
 //!
 //! Per shard, the owner is the single writer (a shard has one home at a time). Each set
 //! carries a stamp (owner generation, write number, one per id added); a new owner reads a
-//! majority, takes the set with the highest stamp and continues with the next generation, so
-//! a replica never takes an older owner's set over a newer one's.
+//! majority, merges the sets it gets (sets only grow) and continues with a generation above
+//! the highest stamp, so a replica never takes an older owner's write over a newer one's.
 //!
 //! The owner writes to each replica (its own node's included) over a *pipe*: at most one
 //! write in flight, answered by the replica once it holds the write (stored, with a durable

@@ -7,10 +7,10 @@
 //! the node loads what its store holds before it serves any request: a majority that
 //! acknowledged a coordinator state still holds it after a full cluster restart.
 //!
-//! A store call that has not answered within [`STORE_TIMEOUT`] counts as failed (nothing is
-//! acknowledged; the writer retries): a connection to the database that hangs (a host gone
-//! without a reset) must not hold a type's writes, or a shard's saves, for as long as the
-//! kernel takes to give up on it.
+//! A save that has not answered within [`STORE_TIMEOUT`] counts as failed (nothing is
+//! acknowledged; the writer retries): a store that hangs must not hold a type's writes, or a
+//! shard's saves, for good. (The node's load at start has no such limit: it reads everything
+//! the node holds, and the node cannot serve before it.)
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -31,18 +31,20 @@ use super::wire::{
 use crate::coordination::{CoordinatorState, Epoch};
 use crate::hash::ShardId;
 
-/// How long a call to the [`ShardingStateStore`] may take before it counts as failed. A save
-/// that ends later is harmless: records replace only lower ranks, so a late save of an
-/// unacknowledged write changes nothing a majority relied on.
+/// How long a save to the [`ShardingStateStore`] may take before it counts as failed. A save
+/// that lands later is harmless: it was never acknowledged, so no majority relied on it, and
+/// records replace only lower (or equal) ranks, so it cannot undo a newer record; at most
+/// the store then holds a write this replica refused to acknowledge (a restart loads it, as
+/// if it had been acknowledged and outbid).
 pub(crate) const STORE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `call`, failed if it has not answered within [`STORE_TIMEOUT`].
-async fn within_timeout<T>(op: &str, call: StateStoreFuture<'_, T>) -> Result<T, StateStoreError> {
+/// The save `call`, failed if it has not answered within [`STORE_TIMEOUT`].
+async fn save_within_timeout(call: StateStoreFuture<'_, bool>) -> Result<bool, StateStoreError> {
     tokio::time::timeout(STORE_TIMEOUT, call)
         .await
         .unwrap_or_else(|_| {
             Err(StateStoreError(format!(
-                "no answer to {op} within {STORE_TIMEOUT:?}"
+                "no answer to a save within {STORE_TIMEOUT:?}"
             )))
         })
 }
@@ -130,13 +132,11 @@ impl ReplicaStore {
         store: Arc<dyn ShardingStateStore>,
         node: &str,
     ) -> Result<ReplicaStore, StateStoreError> {
-        let records = within_timeout("a load", store.load_records(node))
-            .await
-            .inspect_err(|e| {
-                metrics::counter!("shardik_sharding_state_store_failures_total", "op" => "load")
-                    .increment(1);
-                tracing::error!(node, "cannot load the sharding state: {e}");
-            })?;
+        let records = store.load_records(node).await.inspect_err(|e| {
+            metrics::counter!("shardik_sharding_state_store_failures_total", "op" => "load")
+                .increment(1);
+            tracing::error!(node, "cannot load the sharding state: {e}");
+        })?;
         let r = ReplicaStore {
             durable: Some(Durable {
                 store,
@@ -258,7 +258,7 @@ impl ReplicaStore {
             bytes,
         });
         let saved = match record {
-            Ok(record) => within_timeout("a save", d.store.save_record(&d.node, &record)).await,
+            Ok(record) => save_within_timeout(d.store.save_record(&d.node, &record)).await,
             Err(e) => Err(e),
         };
         match saved {
@@ -298,7 +298,7 @@ impl ReplicaStore {
             bytes,
         });
         let saved = match record {
-            Ok(record) => within_timeout("a save", d.store.save_record(&d.node, &record)).await,
+            Ok(record) => save_within_timeout(d.store.save_record(&d.node, &record)).await,
             Err(e) => Err(e),
         };
         match saved {
@@ -375,7 +375,7 @@ impl ReplicaStore {
                         rank: set.stamp,
                         bytes,
                     };
-                    within_timeout("a save", d.store.save_record(&d.node, &record)).await
+                    save_within_timeout(d.store.save_record(&d.node, &record)).await
                 }
                 Err(e) => Err(e),
             };
