@@ -246,6 +246,19 @@ impl<'a, T> Tracked<'a, T> {
     }
 }
 
+/// `stored` moved on by `count`, or an error (the write is refused, nothing written) if a
+/// corrupt stored number (a negative one read back as `u64`, say) leaves no room for it.
+fn past(pid: &str, what: &str, stored: u64, count: usize) -> Result<u64, StoreError> {
+    u64::try_from(count)
+        .ok()
+        .and_then(|count| stored.checked_add(count))
+        .ok_or_else(|| {
+            StoreError::Backend(format!(
+                "the stored {what} {stored} of {pid} is corrupt: no write can follow it"
+            ))
+        })
+}
+
 /// Plans `batch`: checks every write in order against the stored positions, with each
 /// accepted write moving its stream on for the next one, exactly as if they ran one after
 /// another. `stream` gives a stream's stored position ((0, 0) if it has none); `state` a
@@ -296,7 +309,8 @@ pub(crate) fn plan<'a, E>(
                     req.expected_seq_nr,
                     req.writer,
                 )
-                .map(|()| {
+                .and_then(|()| {
+                    past(pid, "sequence number", s.position.seq_nr, req.events.len())?;
                     for payload in &req.events {
                         s.position.seq_nr += 1;
                         plan.events.push(NewEvent {
@@ -308,7 +322,7 @@ pub(crate) fn plan<'a, E>(
                     }
                     s.position.writer = req.writer;
                     s.written = true;
-                    s.position.seq_nr
+                    Ok(s.position.seq_nr)
                 })
             }
             Op::DeleteEvents(pid, to, _) => {
@@ -339,14 +353,14 @@ pub(crate) fn plan<'a, E>(
                     w.expected_revision,
                     w.writer,
                 )
-                .map(|()| {
+                .and_then(|()| {
                     s.position = Position {
-                        seq_nr: s.position.seq_nr + 1,
+                        seq_nr: past(pid, "revision", s.position.seq_nr, 1)?,
                         writer: w.writer,
                     };
                     s.payload = Some(&w.payload);
                     s.ops.push(i);
-                    s.position.seq_nr
+                    Ok(s.position.seq_nr)
                 })
             }
             Op::DeleteState(pid, expected, _) => {
@@ -747,6 +761,55 @@ mod tests {
                 )
             ]
         );
+    }
+
+    /// A stored position or revision no write can follow (a -1 read back as `u64`) refuses
+    /// the writes on it with an error naming it, alone; it used to overflow (a panic that
+    /// failed the whole batch, or a wrapped number in a release build).
+    #[test]
+    fn a_corrupt_stored_number_refuses_its_writes_alone() {
+        let corrupt = Position {
+            seq_nr: u64::MAX,
+            writer: 1,
+        };
+        let batch = vec![
+            append("corrupt", u64::MAX, 1, &[1]),
+            append("corrupt", u64::MAX, 1, &[]),
+            append("new", 0, 1, &[2]),
+            upsert("corrupt", u64::MAX, 1),
+            upsert("s2", 0, 1),
+        ];
+        let plan = plan(
+            &batch,
+            |pid| {
+                Ok::<_, ()>(if pid == "corrupt" {
+                    corrupt
+                } else {
+                    Position::default()
+                })
+            },
+            |pid| Ok((pid == "corrupt").then_some(corrupt)),
+        )
+        .unwrap();
+        let refused = |what: &str| {
+            Err(StoreError::Backend(format!(
+                "the stored {what} 18446744073709551615 of corrupt is corrupt: no write can \
+                 follow it"
+            )))
+        };
+        assert_eq!(plan.outcomes[0], refused("sequence number"));
+        assert_eq!(
+            plan.outcomes[1],
+            Ok(u64::MAX),
+            "an empty append only checks"
+        );
+        assert_eq!(plan.outcomes[2], Ok(1));
+        assert_eq!(plan.outcomes[3], refused("revision"));
+        assert_eq!(plan.outcomes[4], Ok(1));
+        let events: Vec<_> = plan.events.iter().map(|e| e.persistence_id).collect();
+        assert_eq!(events, ["new"]);
+        let states: Vec<_> = plan.states.iter().map(|s| s.persistence_id).collect();
+        assert_eq!(states, ["s2"]);
     }
 
     #[test]

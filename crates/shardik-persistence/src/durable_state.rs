@@ -8,7 +8,7 @@ use shardik_sharding::FencingToken;
 use crate::codec::{Payload, Versioned};
 use crate::effect::StateEffect;
 use crate::error::{PersistenceError, StoreError};
-use crate::event_sourced::persist_failed;
+use crate::event_sourced::{persist_failed, writer_above};
 use crate::persistence::Persistence;
 use crate::record::{Incarnation, StateWrite};
 use crate::settings::PersistSettings;
@@ -130,7 +130,7 @@ impl<B: DurableState> DurableStateEntity<B> {
             // if the state moved here from one (as for event-sourced entities).
             None => match states.upsert(write.clone()).await {
                 Err(StoreError::Fenced { current, .. }) => {
-                    writer = current + 1;
+                    writer = writer_above(&write.persistence_id, current)?;
                     write.writer = writer;
                     states.upsert(write).await?
                 }

@@ -86,7 +86,9 @@ pub enum PersistenceError {
     /// A value could not be encoded or decoded.
     #[error(transparent)]
     Codec(#[from] CodecError),
-    /// The stored stream is not what recovery expects (a gap in sequence numbers).
+    /// The entity cannot recover: the stored stream is not what recovery expects (a gap in
+    /// sequence numbers, a snapshot ahead of the journal, a corrupt stored number), or the
+    /// entity type is misconfigured (a type name with `|`).
     #[error("recovery of {persistence_id} failed: {reason}")]
     Recovery {
         /// The entity's stream.

@@ -141,23 +141,31 @@ impl<B: EventSourced> EventSourcedEntity<B> {
         let snapshot_seq_nr = seq_nr;
         let journal = self.persistence.journal();
         loop {
+            let next = after(pid, seq_nr)?;
             let events = journal
-                .read(pid, seq_nr + 1, self.settings.recovery_batch)
+                .read(pid, next, self.settings.recovery_batch)
                 .await?;
             if events.is_empty() {
                 let highest = journal.highest_seq_nr(pid).await?;
+                if highest < snapshot_seq_nr {
+                    // The snapshot covers events the journal never had: the two stores hold
+                    // different histories (one restored from an older backup, say). Ending
+                    // here would leave every write refused as a conflict, for good.
+                    return Err(snapshot_ahead(pid, snapshot_seq_nr, highest));
+                }
                 if highest <= seq_nr {
                     break;
                 }
                 // Written after our last read, or missing: read once more to tell.
-                if journal.read(pid, seq_nr + 1, 1).await?.is_empty() {
-                    return Err(gap(pid, seq_nr + 1, highest));
+                if journal.read(pid, next, 1).await?.is_empty() {
+                    return Err(gap(pid, next, highest));
                 }
                 continue;
             }
             for event in events {
-                if event.seq_nr != seq_nr + 1 {
-                    return Err(gap(pid, seq_nr + 1, event.seq_nr));
+                let next = after(pid, seq_nr)?;
+                if event.seq_nr != next {
+                    return Err(gap(pid, next, event.seq_nr));
                 }
                 B::apply(&mut state, &event.payload.decode()?);
                 seq_nr = event.seq_nr;
@@ -248,7 +256,7 @@ impl<B: EventSourced> EventSourcedEntity<B> {
                     // above that writer, which fences the previous owner out. The position
                     // check still refuses the write if anyone appended after the recovery.
                     Err(StoreError::Fenced { current, .. }) => {
-                        writer = current + 1;
+                        writer = writer_above(&request.persistence_id, current)?;
                         request.writer = writer;
                         journal.append(request).await?
                     }
@@ -274,6 +282,40 @@ impl<B: EventSourced> EventSourcedEntity<B> {
         }
         Ok(())
     }
+}
+
+/// The sequence number after `seq_nr`, or an error if a stored number is corrupt (a
+/// negative one read back as `u64`, say) and has none.
+fn after(pid: &str, seq_nr: u64) -> Result<u64, PersistenceError> {
+    seq_nr
+        .checked_add(1)
+        .ok_or_else(|| PersistenceError::Recovery {
+            persistence_id: pid.to_string(),
+            reason: format!(
+                "the stored sequence number {seq_nr} is corrupt: no event can follow it"
+            ),
+        })
+}
+
+fn snapshot_ahead(pid: &str, snapshot: u64, highest: u64) -> PersistenceError {
+    PersistenceError::Recovery {
+        persistence_id: pid.to_string(),
+        reason: format!(
+            "the latest snapshot is at sequence number {snapshot} but the journal's highest is \
+             {highest}: the snapshot store and the journal do not hold the same history (was \
+             one restored from an older backup?)"
+        ),
+    }
+}
+
+/// The writer incarnation above `current` (the newest that wrote a stream or state), or an
+/// error if `current` is corrupt (a negative one read back as `u64`, say) and has none.
+pub(crate) fn writer_above(pid: &str, current: Incarnation) -> Result<Incarnation, StoreError> {
+    current.checked_add(1).ok_or_else(|| {
+        StoreError::Backend(format!(
+            "the stored writer incarnation {current} of {pid} is corrupt: no writer can follow it"
+        ))
+    })
 }
 
 fn gap(pid: &str, wanted: u64, found: u64) -> PersistenceError {

@@ -84,10 +84,45 @@ impl std::fmt::Debug for Persistence {
 }
 
 /// The persistence id of entity `entity_id` of type `type_name`: `"<type>|<id>"`.
+///
+/// Ids are told apart only if no type name contains `|` (type `"a|b"` with entity `"c"` and
+/// type `"a"` with entity `"b|c"` would both write stream `"a|b|c"`), so
+/// [`Persistence::event_sourced`] and [`Persistence::durable_state`] refuse such a type name:
+/// their entities fail to start (see there). This function does not check.
 pub fn persistence_id(type_name: &str, entity_id: &str) -> String {
     let mut id = String::with_capacity(type_name.len() + 1 + entity_id.len());
     id.push_str(type_name);
-    id.push('|');
+    id.push(SEPARATOR);
     id.push_str(entity_id);
     id
+}
+
+/// What separates the type name from the entity id in a [`persistence_id`].
+const SEPARATOR: char = '|';
+
+/// Why `type_name` cannot prefix persistence ids, if it cannot: it holds the separator, so
+/// its ids could be another type's.
+pub(crate) fn type_name_problem(type_name: &str) -> Option<String> {
+    type_name.contains(SEPARATOR).then(|| {
+        format!(
+            "the entity type name {type_name:?} contains {SEPARATOR:?}, which separates the type \
+             name from the entity id in persistence ids: its streams could be another type's \
+             (type \"a|b\" with entity \"c\" and type \"a\" with entity \"b|c\" both write \
+             \"a|b|c\"); rename the type"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_type_name_with_the_separator_is_refused() {
+        assert_eq!(type_name_problem("account"), None);
+        assert_eq!(type_name_problem("bank.account-v2"), None);
+        let problem = type_name_problem("a|b").expect("refused");
+        assert!(problem.contains("\"a|b\" contains '|'"), "{problem}");
+        assert_eq!(persistence_id("a|b", "c"), persistence_id("a", "b|c"));
+    }
 }

@@ -14,7 +14,10 @@
 //! enum variant by its index, for one, so a field whose type changed from a number to an enum
 //! needs an upcaster that says how. Not covered: one record that holds both a compact `Uuid`
 //! and integer map keys (neither path reads both), byte-string map keys that are not UTF-8,
-//! and `i128`/`u128` values (stored as 16 bytes); NaN and infinities become `null`.
+//! map keys that are neither a string, a number nor a boolean (a tuple, a `Vec`, a struct, an
+//! enum variant with data, `None` or `()`; `Some(x)` is stored as `x` and read), which a JSON
+//! object has no key for, and `i128`/`u128` values (stored as 16 bytes); NaN and infinities
+//! become `null`.
 
 use std::fmt;
 

@@ -49,6 +49,8 @@ pub struct EntityType<A: Actor> {
     pub(crate) buffer_limit: usize,
     pub(crate) settings: ActorSettings<A::Msg>,
     pub(crate) shard_fn: ShardFn,
+    /// Why the type must not start (set by a layer that builds entity types).
+    pub(crate) refused: Option<String>,
 }
 
 impl<A: Actor> EntityType<A> {
@@ -100,7 +102,17 @@ impl<A: Actor> EntityType<A> {
             buffer_limit: DEFAULT_BUFFER_LIMIT,
             settings: ActorSettings::default(),
             shard_fn: ShardFn::md5(),
+            refused: None,
         }
+    }
+
+    /// Makes starting the type fail with [`ShardingError::InvalidSettings`] carrying
+    /// `problem`: for a layer that builds entity types (as `shardik-persistence` does) and
+    /// finds its input unusable, so that the mistake surfaces where the type is started, not
+    /// as failing entities later.
+    pub fn refuse_start(mut self, problem: impl Into<String>) -> Self {
+        self.refused = Some(problem.into());
+        self
     }
 
     /// The number of shards (default 100), from 1 to [`MAX_SHARDS`] (65 536; starting the type
@@ -189,7 +201,9 @@ impl<A: Actor> EntityType<A> {
     }
 
     pub(crate) fn validate(&self) -> Result<(), ShardingError> {
-        let problem = if self.name.is_empty() {
+        let problem = if let Some(refused) = &self.refused {
+            Some(refused.clone())
+        } else if self.name.is_empty() {
             Some("the type name is empty".to_string())
         } else if let Some(problem) = shard_count_problem(self.shards) {
             Some(problem)
@@ -276,5 +290,17 @@ mod tests {
                 other => panic!("{n} shards: expected InvalidSettings, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_type_refused_by_the_layer_that_built_it_does_not_start() {
+        let refused = EntityType::new("t", |_: &str| Nop).refuse_start("the name is unusable");
+        assert_eq!(
+            refused.validate(),
+            Err(ShardingError::InvalidSettings {
+                name: "t".into(),
+                problem: "the name is unusable".into()
+            })
+        );
     }
 }

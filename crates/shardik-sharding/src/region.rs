@@ -214,6 +214,7 @@ impl<A: Actor> LocalRegion<A> {
             buffer_limit,
             settings,
             shard_fn,
+            refused: _,
         } = entity;
         let region = Arc::new_cyclic(|me: &Weak<LocalRegion<A>>| {
             let me = me.clone();

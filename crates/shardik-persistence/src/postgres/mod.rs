@@ -24,6 +24,7 @@ pub use tls::PostgresTls;
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio::sync::mpsc;
@@ -161,17 +162,82 @@ pub(super) fn to_u64(v: i64) -> u64 {
     v as u64
 }
 
+/// How long opening a connection may take unless the URL says (`connect_timeout`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long sent data may go unacknowledged before the connection is dropped, unless the URL
+/// says (`tcp_user_timeout`).
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle time before the first keepalive probe, unless the URL says (`keepalives_idle`).
+const KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
+/// Time between keepalive probes, unless the URL says (`keepalives_interval`).
+const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered keepalive probes that end a connection, unless the URL says
+/// (`keepalives_retries`).
+const KEEPALIVES_RETRIES: u32 = 3;
+
+/// The connection settings of `url`, with the store's defaults for what the URL leaves out
+/// (see [`PostgresStore::connect_with`]), and TLS required if `tls` and the URL leaves it
+/// optional.
+fn connection_config(url: &str, tls: bool) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(backend)?;
+    // Asking for TLS and accepting plaintext would be a silent downgrade.
+    if tls && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer {
+        config.ssl_mode(tokio_postgres::config::SslMode::Require);
+    }
+    // Without these, a connection to a host that vanished (a failover that moved a virtual
+    // IP) hangs whatever uses it until the kernel gives up retransmitting, about 15 minutes,
+    // and an idle pooled one is found dead only when used. A value the URL gives is kept,
+    // 0 included (tokio-postgres reads it as unset: no limit, as in libpq).
+    if !url_sets(url, "connect_timeout") {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if !url_sets(url, "tcp_user_timeout") {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    if !url_sets(url, "keepalives_idle") {
+        config.keepalives_idle(KEEPALIVES_IDLE);
+    }
+    if !url_sets(url, "keepalives_interval") {
+        config.keepalives_interval(KEEPALIVES_INTERVAL);
+    }
+    if !url_sets(url, "keepalives_retries") {
+        config.keepalives_retries(KEEPALIVES_RETRIES);
+    }
+    Ok(config)
+}
+
+/// True if connection string `url` (a URL's query, or `key=value` pairs) names parameter
+/// `key`, whatever its value.
+fn url_sets(url: &str, key: &str) -> bool {
+    url.split(|c: char| c == '?' || c == '&' || c.is_whitespace())
+        .any(|part| part.split('=').next().is_some_and(|k| k.trim() == key))
+}
+
 impl PostgresStore {
     /// Connects to `url` (`postgres://user@host:port/db`) with default options, creating the
     /// schema and tables if needed. Must run inside a tokio runtime: the writer lanes and the
     /// connections are tasks on it, so every use of the store waits while that runtime does
     /// not run (open it on the application's multi-thread runtime, not on a current-thread
     /// runtime that is only driven now and then).
+    ///
+    /// Connections time out unless the URL says otherwise; see
+    /// [`connect_with`](Self::connect_with).
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
         Self::connect_with(url, PostgresOptions::default()).await
     }
 
     /// Connects to `url` with `options`.
+    ///
+    /// So that a connection to a server that vanished (a failover that moved a virtual IP, a
+    /// host gone without closing its connections) fails within seconds instead of hanging a
+    /// writer lane or a read for the kernel's retransmission timeout (about 15 minutes), these
+    /// apply unless the URL gives the parameter (a value it gives is kept, as tokio-postgres
+    /// reads it: `connect_timeout=0` or `tcp_user_timeout=0` means no limit, as in libpq):
+    /// `connect_timeout` 10 s, `tcp_user_timeout` 30 s (sent data unacknowledged that long
+    /// ends the connection), `keepalives_idle` 30 s (tokio-postgres's default is 2 hours),
+    /// `keepalives_interval` 10 s and `keepalives_retries` 3 (an idle connection to a host
+    /// that vanished is found dead after about a minute). For example
+    /// `postgres://app@db/app?connect_timeout=30&keepalives_idle=60`.
     pub async fn connect_with(
         url: &str,
         options: PostgresOptions,
@@ -182,12 +248,7 @@ impl PostgresStore {
                 options.schema
             )));
         }
-        let mut config = tokio_postgres::Config::from_str(url).map_err(backend)?;
-        // Asking for TLS and accepting plaintext would be a silent downgrade.
-        if options.tls.is_some() && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer
-        {
-            config.ssl_mode(tokio_postgres::config::SslMode::Require);
-        }
+        let config = connection_config(url, options.tls.is_some())?;
         let manager = || {
             let recycling = ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -281,7 +342,8 @@ impl PostgresStore {
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         let mut tries = self.pool.status().max_size + 1;
         loop {
-            let client = self.pool.get().await.map_err(pool_error)?;
+            let in_use = InUse(Some(self.pool.get().await.map_err(pool_error)?));
+            let client = in_use.client();
             let result = match client.prepare_cached(statement).await {
                 Ok(stmt) => client.query(&stmt, params).await,
                 Err(e) => Err(e),
@@ -290,10 +352,37 @@ impl PostgresStore {
                 Err(e) if connection_lost(&e) && tries > 1 => {
                     tries -= 1;
                     tracing::warn!(error = %e, "PostgreSQL connection lost; trying another");
-                    drop(deadpool_postgres::Object::take(client));
+                    drop(in_use); // out of the pool
                 }
-                result => return result.map_err(backend),
+                result => {
+                    drop(in_use.release());
+                    return result.map_err(backend);
+                }
             }
+        }
+    }
+}
+
+/// A pooled connection a request uses: back to the pool once the request ended, and out of
+/// it (closed) if the request is dropped before (a caller's timeout): its statement may still
+/// run on the server, and the next request on that connection would wait behind it.
+struct InUse(Option<deadpool_postgres::Object>);
+
+impl InUse {
+    fn client(&self) -> &deadpool_postgres::Object {
+        self.0.as_ref().expect("in use until released")
+    }
+
+    /// The request ended: the connection can serve the next one.
+    fn release(mut self) -> deadpool_postgres::Object {
+        self.0.take().expect("released once")
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
         }
     }
 }
@@ -411,10 +500,89 @@ impl StateStore for PostgresStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{PostgresOptions, PostgresStore};
+    use std::time::Duration;
+
+    use super::{connection_config, PostgresOptions, PostgresStore};
     use crate::error::StoreError;
     use crate::record::AppendRequest;
     use crate::store::{Journal, SnapshotStore};
+
+    /// A request dropped while its statement runs (a caller's timeout) takes its connection
+    /// out of the pool: the next request must not wait behind that statement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_dropped_mid_statement_does_not_leave_its_connection_to_the_next() {
+        let Some(url) = pg_url() else { return };
+        let store = PostgresStore::connect_with(
+            &url,
+            PostgresOptions {
+                pool_size: 1,
+                ..PostgresOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let slow = store.query("SELECT pg_sleep(30)", &[]);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), slow)
+                .await
+                .is_err(),
+            "the sleep is cut short by the caller"
+        );
+        // The only connection was running the sleep: reused, the next request would wait
+        // for it (30 s); a new connection answers at once.
+        let next = tokio::time::timeout(Duration::from_secs(10), store.query("SELECT 1", &[]))
+            .await
+            .expect("the next request does not wait behind the dropped one")
+            .unwrap();
+        assert_eq!(next.len(), 1);
+    }
+
+    /// A connection to a host that vanished fails within seconds: the store's timeouts and
+    /// keepalives apply where the URL gives none; values the URL gives (as a URL or as
+    /// `key=value` pairs) are kept, `0` (no limit) included.
+    #[test]
+    fn connections_time_out_unless_the_url_says_otherwise() {
+        let secs = Duration::from_secs;
+        let defaults = connection_config("postgres://app@db:5432/app", false).unwrap();
+        assert_eq!(defaults.get_connect_timeout(), Some(&secs(10)));
+        assert_eq!(defaults.get_tcp_user_timeout(), Some(&secs(30)));
+        assert!(defaults.get_keepalives());
+        assert_eq!(defaults.get_keepalives_idle(), secs(30));
+        assert_eq!(defaults.get_keepalives_interval(), Some(secs(10)));
+        assert_eq!(defaults.get_keepalives_retries(), Some(3));
+
+        let given = connection_config(
+            "postgres://app@db/app?connect_timeout=3&tcp_user_timeout=0&keepalives_idle=7200\
+             &keepalives_interval=5&keepalives_retries=9&application_name=x",
+            false,
+        )
+        .unwrap();
+        assert_eq!(given.get_connect_timeout(), Some(&secs(3)));
+        assert_eq!(given.get_tcp_user_timeout(), None, "0: no limit");
+        assert_eq!(given.get_keepalives_idle(), secs(7200));
+        assert_eq!(given.get_keepalives_interval(), Some(secs(5)));
+        assert_eq!(given.get_keepalives_retries(), Some(9));
+
+        let pairs = connection_config(
+            "host=db user=app connect_timeout=0 keepalives_idle = 60",
+            false,
+        )
+        .unwrap();
+        assert_eq!(pairs.get_connect_timeout(), None, "0: no limit");
+        assert_eq!(pairs.get_keepalives_idle(), secs(60));
+        assert_eq!(pairs.get_tcp_user_timeout(), Some(&secs(30)));
+        assert_eq!(pairs.get_keepalives_retries(), Some(3));
+
+        // A value that reads like a parameter's name does not give that parameter.
+        let named =
+            connection_config("postgres://db/app?application_name=connect_timeout", false).unwrap();
+        assert_eq!(named.get_connect_timeout(), Some(&secs(10)));
+
+        use tokio_postgres::config::SslMode;
+        let tls = connection_config("postgres://db/app", true).unwrap();
+        assert_eq!(tls.get_ssl_mode(), SslMode::Require);
+        assert_eq!(tls.get_connect_timeout(), Some(&secs(10)));
+    }
 
     /// The server at `SHARDIK_PG_URL`, or `None` (said on stderr) without one; with
     /// `SHARDIK_REQUIRE_PG` set, as in CI, a missing URL fails the test.

@@ -2,11 +2,16 @@
 
 use std::sync::Arc;
 
-use shardik_actor::{ActorSystem, AskError};
-use shardik_persistence::{persistence_id, DurableStateEntity, PersistSettings};
+use shardik_actor::{ActorSystem, AskError, StopReason, SupervisorStrategy};
+use shardik_persistence::{
+    persistence_id, DurableStateEntity, Payload, PersistSettings, SnapshotRecord, StateWrite,
+};
+use shardik_sharding::{ShardingError, ShardingExt};
 
-use super::{amounts, Store};
-use crate::common::{fenced_bank, persistence, AccountCmd, Bank, Counter, CounterCmd, T};
+use super::{amounts, append, Store};
+use crate::common::{
+    fenced_bank, persistence, Account, AccountCmd, Bank, Count, Counter, CounterCmd, T,
+};
 
 /// Spawns a plain event-sourced bank account, runs `f` on it, then stops it and waits.
 async fn with_account<S: Store, F, Fut>(store: &Arc<S>, pid: &str, settings: PersistSettings, f: F)
@@ -96,6 +101,161 @@ pub async fn entity_with_missing_events_does_not_recover<S: Store>(store: Arc<S>
         "no answer from an entity missing events 1 and 2: {reply:?}"
     );
     account.terminated().await;
+    system.shutdown().await;
+}
+
+/// Why an entity spawned from `props` (whose supervisor must stop it at its first failure)
+/// stopped, after it gets `command` without answering it.
+async fn first_failure<M, A, R>(
+    props: shardik_actor::Props<A>,
+    command: impl FnOnce(shardik_actor::ReplyTo<R>) -> M,
+) -> String
+where
+    A: shardik_actor::Actor<Msg = M>,
+    M: Send + 'static,
+    R: Send + std::fmt::Debug + 'static,
+{
+    let system = ActorSystem::new("suite");
+    let entity = system.spawn_props(props.supervisor(SupervisorStrategy::Stop));
+    let reply = entity.ask(command, T).await;
+    assert!(
+        matches!(reply, Err(AskError::NoReply | AskError::Stopped)),
+        "no answer from the entity: {reply:?}"
+    );
+    let why = match entity.terminated().await.reason {
+        StopReason::Failed(why) => why,
+        other => panic!("the entity stopped without failing: {other:?}"),
+    };
+    system.shutdown().await;
+    why
+}
+
+/// The journal ends below the latest snapshot (here the snapshot is saved by hand; in
+/// production, with the journal and the snapshots in different stores and one of them
+/// restored from an older backup). Recovery fails and says so, instead of ending at the
+/// snapshot with every write refused as a conflict from then on.
+pub async fn entity_with_a_snapshot_ahead_of_the_journal_does_not_recover<S: Store>(store: Arc<S>) {
+    let pid = "acc-ahead";
+    store.append(append(pid, 0, 1, &[1, 1, 1])).await.unwrap();
+    let state = Account {
+        balance: 5,
+        applied: 5,
+    };
+    store
+        .save(SnapshotRecord {
+            persistence_id: pid.into(),
+            seq_nr: 5,
+            payload: Payload::encode(&state).unwrap(),
+        })
+        .await
+        .unwrap();
+    let props =
+        persistence(store.clone()).event_sourced_props(pid, PersistSettings::default(), || Bank);
+    let why = first_failure(props, AccountCmd::Inspect).await;
+    assert!(
+        why.contains("recovery of acc-ahead failed")
+            && why.contains("snapshot is at sequence number 5")
+            && why.contains("journal's highest is 3"),
+        "{why}"
+    );
+    assert_eq!(store.highest_seq_nr(pid).await, Ok(3));
+}
+
+/// Numbers that no write can follow, as a stored -1 reads on SQLite and PostgreSQL (here
+/// written through the store as `u64::MAX`): a snapshot's sequence number fails recovery, a
+/// stream's or a durable state's newest writer fails the write, each with an error naming
+/// the value, instead of an overflow (a panic, or a wrapped number in a release build).
+pub async fn corrupt_stored_numbers_fail_with_an_error<S: Store>(store: Arc<S>) {
+    const CORRUPT: &str = "18446744073709551615";
+    let settings = PersistSettings::default;
+    store
+        .save(SnapshotRecord {
+            persistence_id: "acc-corrupt-snapshot".into(),
+            seq_nr: u64::MAX,
+            payload: Payload::encode(&Account::default()).unwrap(),
+        })
+        .await
+        .unwrap();
+    let p = persistence(store.clone());
+    let props = p.event_sourced_props("acc-corrupt-snapshot", settings(), || Bank);
+    let why = first_failure(props, AccountCmd::Inspect).await;
+    assert!(
+        why.contains(&format!("sequence number {CORRUPT} is corrupt")),
+        "{why}"
+    );
+
+    store
+        .append(append("acc-corrupt-writer", 0, u64::MAX, &[4]))
+        .await
+        .unwrap();
+    let props = p.event_sourced_props("acc-corrupt-writer", settings(), || Bank);
+    let why = first_failure(props, |r| AccountCmd::Deposit(1, r)).await;
+    assert!(
+        why.contains(&format!(
+            "writer incarnation {CORRUPT} of acc-corrupt-writer is corrupt"
+        )),
+        "{why}"
+    );
+    assert_eq!(amounts(&*store, "acc-corrupt-writer", 1).await, [(1, 4)]);
+
+    let write = StateWrite {
+        persistence_id: "counter-corrupt-writer".into(),
+        expected_revision: 0,
+        writer: u64::MAX,
+        payload: Payload::encode(&Count { value: 4 }).unwrap(),
+    };
+    assert_eq!(store.upsert(write).await, Ok(1));
+    let props = p.durable_state_props("counter-corrupt-writer", settings(), || Counter);
+    let why = first_failure(props, |r| CounterCmd::Add(1, r)).await;
+    assert!(
+        why.contains(&format!(
+            "writer incarnation {CORRUPT} of counter-corrupt-writer is corrupt"
+        )),
+        "{why}"
+    );
+    assert_eq!(
+        store
+            .get("counter-corrupt-writer")
+            .await
+            .unwrap()
+            .unwrap()
+            .revision,
+        1
+    );
+}
+
+/// A type name containing `|` could share persistence ids with another type (`"a|b"` with
+/// entity `"c"` and `"a"` with entity `"b|c"` both map to `"a|b|c"`): its entities refuse to
+/// start and write nothing, while the other type's entity owns its stream alone.
+pub async fn a_type_name_with_the_separator_is_refused<S: Store>(store: Arc<S>) {
+    let system = ActorSystem::new("suite");
+    let p = persistence(store.clone());
+    let settings = PersistSettings::default;
+    let sharding = system.sharding();
+    let fine = sharding
+        .start(p.event_sourced("a", settings(), |_| Bank))
+        .unwrap();
+    // Type "a|b" with entity "c" would write "a|b|c", as type "a" with entity "b|c" does.
+    for refused in [
+        sharding
+            .start(p.event_sourced("a|b", settings(), |_| Bank))
+            .map(|_| ()),
+        sharding
+            .start(p.durable_state("c|d", settings(), |_| Counter))
+            .map(|_| ()),
+    ] {
+        match refused {
+            Err(ShardingError::InvalidSettings { problem, .. }) => {
+                assert!(problem.contains("contains '|'"), "{problem}")
+            }
+            other => panic!("a type name with '|' was not refused: {other:?}"),
+        }
+    }
+    assert_eq!(
+        fine.ask("b|c", |r| AccountCmd::Deposit(5, r), T).await,
+        Ok(5)
+    );
+    assert_eq!(amounts(&*store, "a|b|c", 1).await, [(1, 5)]);
     system.shutdown().await;
 }
 
