@@ -201,6 +201,14 @@ async fn refuse<W: AsyncWrite + Unpin>(
     HandshakeError::Refused { reason, detail }
 }
 
+/// Why a [`RejectReason::Duplicate`] before the other side proved itself is refused. Only
+/// the acceptor decides duplicates, once both sides are proven: a duplicate refusal is not
+/// counted as a failed handshake, so one that nothing authenticates would let anyone who
+/// can answer a dial hide failures (and keep the dialer from giving up its frames).
+fn early_duplicate() -> String {
+    "the peer refused the connection as a duplicate before proving itself".into()
+}
+
 /// Runs the connecting side for a connection on `lane`. Returns the acceptor's identity.
 pub(crate) async fn connect<R, W>(
     r: &mut FramedRead<R, BodyCodec>,
@@ -241,6 +249,9 @@ where
     send(w, &hello, local.max_frame_len).await?;
     let ch = match recv(r).await? {
         Frame::Challenge(c) => c,
+        Frame::Reject(rj) if rj.reason == RejectReason::Duplicate => {
+            return Err(refuse(w, local, RejectReason::Protocol, early_duplicate()).await);
+        }
         Frame::Reject(rj) => {
             return Err(HandshakeError::RefusedByPeer {
                 reason: rj.reason,
@@ -366,6 +377,9 @@ where
     send(w, &challenge, local.max_frame_len).await?;
     let resp = match recv(r).await? {
         Frame::Response(resp) => resp,
+        Frame::Reject(rj) if rj.reason == RejectReason::Duplicate => {
+            return Err(refuse(w, local, RejectReason::Protocol, early_duplicate()).await);
+        }
         Frame::Reject(rj) => {
             return Err(HandshakeError::RefusedByPeer {
                 reason: rj.reason,
@@ -654,6 +668,73 @@ mod tests {
         );
         assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Duplicate));
         assert_eq!(a.unwrap_err().reason(), Some(RejectReason::Duplicate));
+    }
+
+    /// A duplicate refusal counts only once the other side proved itself: one in place of
+    /// the challenge (from an acceptor nothing authenticated) or of the response (a connector
+    /// never decides duplicates) is refused as a protocol violation. (Duplicate refusals are
+    /// not counted as failed handshakes, so one from anybody would hide failures.)
+    #[tokio::test]
+    async fn a_duplicate_refusal_before_the_proofs_is_a_protocol_violation() {
+        let duplicate = Frame::Reject(Reject {
+            reason: RejectReason::Duplicate,
+            detail: "mine".into(),
+        });
+        // In place of the challenge.
+        let (cs, as_) = tokio::io::duplex(4096);
+        let (cr, mut cw) = tokio::io::split(cs);
+        let (ar, mut aw) = tokio::io::split(as_);
+        let mut cr = FramedRead::new(cr, BodyCodec::default());
+        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        let c = Local::for_test("c", "k", b"s");
+        let fake = async {
+            ar.next().await.unwrap().unwrap();
+            send(&mut aw, &duplicate, c.max_frame_len).await.unwrap();
+        };
+        let (res, ()) = tokio::join!(connect(&mut cr, &mut cw, &c, Lane::User, soon()), fake);
+        let e = res.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HandshakeError::Refused {
+                    reason: RejectReason::Protocol,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // In place of the response.
+        let (cs, as_) = tokio::io::duplex(4096);
+        let (cr, mut cw) = tokio::io::split(cs);
+        let (ar, mut aw) = tokio::io::split(as_);
+        let mut cr = FramedRead::new(cr, BodyCodec::default());
+        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        let a = Local::for_test("a", "k", b"s");
+        let fake = async {
+            let hello = Frame::Hello(Hello {
+                version: c.version,
+                cluster: c.cluster.clone(),
+                from: c.me.clone(),
+                nonce: nonce(),
+                lane: Lane::User,
+                payload_format: c.payload_format.clone(),
+            });
+            send(&mut cw, &hello, c.max_frame_len).await.unwrap();
+            cr.next().await.unwrap().unwrap(); // the challenge
+            send(&mut cw, &duplicate, c.max_frame_len).await.unwrap();
+        };
+        let (res, ()) = tokio::join!(accept(&mut ar, &mut aw, &a, soon(), |_, _| Ok(())), fake);
+        let e = res.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HandshakeError::Refused {
+                    reason: RejectReason::Protocol,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]

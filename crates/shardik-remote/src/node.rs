@@ -27,7 +27,7 @@ use crate::handshake_slots::{
 };
 use crate::peer::{ConnSlot, ConnectionInfo, Installed, Peer, Restarted};
 use crate::registry::{LookupCache, Registry};
-use crate::replies::{self, Replies};
+use crate::replies::{self, AnswerFrom, Answered, Replies};
 use crate::stats::{should_log, Counters, RemoteEvent};
 
 /// Frames a connection reader handles in one go before it looks at cancellation again.
@@ -37,8 +37,13 @@ const READ_BURST: usize = 256;
 /// before the handshake has proven anything, made safe to put in an error, a log line or an
 /// event.
 pub(crate) fn shown(s: &str) -> String {
+    shown_max(s, CLIP)
+}
+
+/// [`shown`], cut at `max` bytes instead.
+pub(crate) fn shown_max(s: &str, max: usize) -> String {
     let mut out = String::new();
-    for c in clip(s).chars() {
+    for c in clip_max(s, max).chars() {
         if c.is_control() {
             out.extend(c.escape_default());
         } else {
@@ -48,14 +53,25 @@ pub(crate) fn shown(s: &str) -> String {
     out
 }
 
+/// How many bytes of a string from the network [`clip`] and [`shown`] keep.
+const CLIP: usize = 200;
+
+/// How many bytes of the reason of a [`Frame::ReplyFailed`] reach the asker's error: more
+/// than [`CLIP`], as the reason of a payload that did not decode names its type and the
+/// decoding error.
+const MAX_FAILURE_REASON: usize = 1024;
+
 /// `s`, or its first 200 bytes (on a character boundary) and a marker if it is longer: for
 /// logging and echoing strings that came from the network.
 pub(crate) fn clip(s: &str) -> std::borrow::Cow<'_, str> {
-    const MAX: usize = 200;
-    if s.len() <= MAX {
+    clip_max(s, CLIP)
+}
+
+fn clip_max(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
         return s.into();
     }
-    let end = (0..=MAX)
+    let end = (0..=max)
         .rev()
         .find(|&i| s.is_char_boundary(i))
         .unwrap_or(0);
@@ -322,12 +338,27 @@ impl Node {
         }
     }
 
+    /// Accounts for a handshake that did not complete: counted in `handshake_failures`,
+    /// logged (rate-limited) and published as [`RemoteEvent::HandshakeFailed`]; except for
+    /// the refusal of a duplicate connection, which is how simultaneous connects are decided,
+    /// not a failure (logged at debug level only).
     fn handshake_failed(&self, addr: &str, e: &HandshakeError) {
+        let me = &self.local.me.node_id;
+        match e {
+            HandshakeError::Refused { detail, .. } if is_duplicate(e) => {
+                tracing::debug!(node = %me, peer_addr = addr, "refused a duplicate connection (the peer takes ours): {detail}");
+                return;
+            }
+            _ if is_duplicate(e) => {
+                tracing::debug!(node = %me, peer_addr = addr, "the peer keeps its own connection to us");
+                return;
+            }
+            _ => {}
+        }
         self.counters.bump(
             &self.counters.handshake_failures,
             "shardik_remote_handshake_failures_total",
         );
-        let me = &self.local.me.node_id;
         // Anyone who can reach the port can fail handshakes: of each kind of failure the
         // first ten and every thousandth are logged (all are counted and published as
         // events), so a flood of one kind neither fills the log nor hides another kind.
@@ -346,12 +377,6 @@ impl Node {
         };
         match e {
             _ if !log => {}
-            HandshakeError::Refused { reason, detail } if *reason == RejectReason::Duplicate => {
-                tracing::debug!(node = %me, peer_addr = addr, "refused a duplicate connection: {detail}")
-            }
-            HandshakeError::RefusedByPeer { reason, .. } if *reason == RejectReason::Duplicate => {
-                tracing::debug!(node = %me, peer_addr = addr, "peer keeps its own connection to us")
-            }
             HandshakeError::Refused { reason, detail } => tracing::error!(
                 node = %me,
                 peer_addr = addr,
@@ -726,31 +751,51 @@ impl Node {
         }
     }
 
-    /// Handles one frame that arrived on the `lane` connection. `lookups` is the
-    /// connection's recipient lookup cache. False ends the connection.
+    /// Handles one frame that arrived on the `lane` connection of `peer` from `remote` (the
+    /// identity it proved in the handshake). `lookups` is the connection's recipient lookup
+    /// cache. False ends the connection.
     pub(crate) fn handle_frame(
         self: &Arc<Self>,
         peer: &Peer,
         lane: Lane,
-        remote_id: &str,
+        remote: &NodeIdentity,
         frame: Frame,
         lookups: &mut LookupCache,
     ) -> bool {
         if let Some(f) = &self.cfg.faults {
-            if f.is_cut(remote_id, &self.local.me.node_id) {
+            if f.is_cut(&remote.node_id, &self.local.me.node_id) {
                 self.counters.fault_dropped.fetch_add(1, Ordering::Relaxed);
                 return true;
             }
         }
+        // A slot takes answers from the peer its request went to only. That peer is known by
+        // the address it was reached at, which need not be the address the answer came from
+        // (a peer dialed under another name than the one it advertises, answering over a
+        // connection it made itself): then the identity last seen there decides.
+        let same_node = |key: &str| {
+            self.existing_peer(key)
+                .and_then(|p| p.identity())
+                .is_some_and(|id| id == *remote)
+        };
+        let from = AnswerFrom {
+            key: &peer.addr,
+            same_node: &same_node,
+        };
         match frame {
             Frame::Message(env) => self.dispatch(peer, env, lookups),
-            Frame::Reply { id, payload } => match self.replies.complete(id, &payload) {
-                Ok(true) => {}
-                Ok(false) => {
+            Frame::Reply { id, payload } => match self.replies.complete(id, &payload, &from) {
+                Ok(Answered::Delivered) => {}
+                Ok(Answered::Unknown) => {
                     self.counters
                         .replies_unmatched
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(from = %peer.addr, id, "reply for an unknown slot (late after a timeout?) dropped");
+                }
+                Ok(Answered::NotFromItsPeer) => {
+                    self.counters
+                        .replies_unmatched
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(from = %peer.addr, peer = %remote.node_id, id, "reply for a slot that waits on another node dropped");
                 }
                 Err(e) => {
                     let n = self.counters.bump(
@@ -766,7 +811,18 @@ impl Node {
                 ids,
                 failure,
                 reason,
-            } => self.replies.fail(&ids, failure, &reason),
+            } => {
+                // The peer's text goes into the asker's error: bounded, control characters
+                // escaped.
+                let reason = shown_max(&reason, MAX_FAILURE_REASON);
+                let foreign = self.replies.fail_from(&ids, &from, failure, &reason);
+                if foreign > 0 {
+                    self.counters
+                        .replies_unmatched
+                        .fetch_add(foreign as u64, Ordering::Relaxed);
+                    tracing::debug!(from = %peer.addr, peer = %remote.node_id, slots = foreign, "reply failure for slots that wait on another node ignored");
+                }
+            }
             Frame::Heartbeat(n) => peer.send_heartbeat_ack(lane, n),
             Frame::HeartbeatAck(seq) => {
                 let rtt = peer.heartbeat_acked(lane, seq);
@@ -827,11 +883,27 @@ async fn sleep_or_shutdown(node: &Node, d: Duration) -> bool {
     }
 }
 
+/// True if `e` is the refusal of a duplicate connection: with simultaneous connects on a
+/// lane, the lower node refuses the other's connection and keeps its own (which the other
+/// takes). Either side sees it only after the other proved itself (see
+/// [`handshake::connect`]).
+fn is_duplicate(e: &HandshakeError) -> bool {
+    e.reason() == Some(RejectReason::Duplicate)
+}
+
 /// Keeps one lane of a peer connected while it has something to send (or while this node
 /// holds the outbound connection of the other lane): dials, and on failure retries after an
 /// exponentially growing delay (`backoff_min` doubling up to `backoff_max`).
+///
+/// A dial the peer refuses as a duplicate (it dialed us at the same time and keeps its own
+/// connection) is not a failure: it is not counted, and neither grows the backoff nor runs
+/// the `give_up_message_after` clock. The peer's connection is about to be installed, after
+/// which this loop rests; the dialer looks again after a wait of its own (also `backoff_min`
+/// doubling up to `backoff_max`, until the lane is connected), in case that connection
+/// never comes.
 async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
     let mut backoff = node.cfg.backoff_min;
+    let mut duplicate_wait = node.cfg.backoff_min;
     let mut failures = 0u64;
     // When the dials of the current run of failures began.
     let mut failing_since: Option<tokio::time::Instant> = None;
@@ -849,6 +921,7 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
             // Connected another way (the peer dialed in, an explicit connect), or nothing to
             // send: a run of failures has ended, and the next failure starts a new one.
             failing_since = None;
+            duplicate_wait = node.cfg.backoff_min;
             tokio::select! {
                 _ = retired.cancelled() => return,
                 _ = woken => {}
@@ -863,8 +936,16 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
         match res {
             Ok(_) => {
                 backoff = node.cfg.backoff_min;
+                duplicate_wait = node.cfg.backoff_min;
                 failures = 0;
                 failing_since = None;
+            }
+            Err(RemoteError::Handshake(e)) if is_duplicate(&e) => {
+                tokio::select! {
+                    _ = retired.cancelled() => return,
+                    _ = tokio::time::sleep(duplicate_wait) => {}
+                }
+                duplicate_wait = (duplicate_wait * 2).min(node.cfg.backoff_max);
             }
             Err(e) => {
                 failures += 1;
@@ -1128,7 +1209,7 @@ async fn run_connection<R, W>(
                         .is_some_and(|d| d.pending.load(Ordering::Acquire) > 0);
                     if delay.is_some() || hold || held {
                         let d = delayer.get_or_insert_with(|| {
-                            Delayer::start(&node, &peer, lane, &remote.node_id, &cancel)
+                            Delayer::start(&node, &peer, lane, &remote, &cancel)
                         });
                         d.pending.fetch_add(1, Ordering::AcqRel);
                         if delay.is_some() {
@@ -1136,8 +1217,7 @@ async fn run_connection<R, W>(
                         }
                         let due = tokio::time::Instant::now() + delay.unwrap_or_default();
                         let _ = d.tx.send((due, frame));
-                    } else if !node.handle_frame(&peer, lane, &remote.node_id, frame, &mut lookups)
-                    {
+                    } else if !node.handle_frame(&peer, lane, &remote, frame, &mut lookups) {
                         break 'connection;
                     }
                 }
@@ -1216,17 +1296,13 @@ impl Delayer {
         node: &Arc<Node>,
         peer: &Arc<Peer>,
         lane: Lane,
-        remote_id: &str,
+        remote: &NodeIdentity,
         cancel: &CancellationToken,
     ) -> Delayer {
         let (tx, mut rx) = mpsc::unbounded_channel::<(tokio::time::Instant, Frame)>();
         let pending = Arc::new(AtomicUsize::new(0));
-        let (node2, peer, remote_id, cancel) = (
-            node.clone(),
-            peer.clone(),
-            remote_id.to_string(),
-            cancel.clone(),
-        );
+        let (node2, peer, remote, cancel) =
+            (node.clone(), peer.clone(), remote.clone(), cancel.clone());
         let left = pending.clone();
         let mut lookups = LookupCache::default();
         node.tasks.spawn(async move {
@@ -1246,10 +1322,10 @@ impl Delayer {
                     let me = &node2.local.me.node_id;
                     tokio::select! {
                         _ = cancel.cancelled() => return,
-                        _ = faults.until_released(&remote_id, me, lane) => {}
+                        _ = faults.until_released(&remote.node_id, me, lane) => {}
                     }
                 }
-                let keep = node2.handle_frame(&peer, lane, &remote_id, frame, &mut lookups);
+                let keep = node2.handle_frame(&peer, lane, &remote, frame, &mut lookups);
                 left.fetch_sub(1, Ordering::AcqRel);
                 if !keep {
                     cancel.cancel();
@@ -1376,6 +1452,179 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::{clip, shown};
+
+    use std::time::Duration;
+
+    use bytes::BytesMut;
+    use futures_util::StreamExt;
+    use serde::{Deserialize, Serialize};
+    use shardik_actor::{Actor, ActorError, ActorSystem, AskError, Context, ReplyTo};
+    use tokio::io::AsyncWriteExt;
+    use tokio::sync::mpsc;
+    use tokio_util::codec::FramedRead;
+
+    use crate::codec::{encode_frame, BodyCodec};
+    use crate::frame::{Frame, Lane, NodeIdentity, ReplyFailure};
+    use crate::{Remote, RemoteConfig};
+
+    const T: Duration = Duration::from_secs(5);
+
+    #[derive(Serialize, Deserialize)]
+    struct Hold {
+        reply: ReplyTo<u64>,
+    }
+
+    /// Keeps the reply handle of each request and hands it to the test.
+    struct Holder(mpsc::UnboundedSender<ReplyTo<u64>>);
+
+    impl Actor for Holder {
+        type Msg = Hold;
+        async fn handle(&mut self, msg: Hold, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+            let _ = self.0.send(msg.reply);
+            Ok(())
+        }
+    }
+
+    async fn node(id: &str) -> (ActorSystem, Remote) {
+        let system = ActorSystem::new(id);
+        let config = RemoteConfig::new("test", id)
+            .secret(b"test secret: 32 bytes or more....".to_vec())
+            .backoff(Duration::from_millis(10), Duration::from_millis(200));
+        let remote = Remote::start(&system, config).await.expect("remote starts");
+        (system, remote)
+    }
+
+    /// A peer on a raw connection: it passed the handshake (it knows the secret) and then
+    /// sends whatever frames it likes.
+    struct RawPeer {
+        reader: FramedRead<tokio::net::tcp::OwnedReadHalf, BodyCodec>,
+        writer: tokio::net::tcp::OwnedWriteHalf,
+    }
+
+    impl RawPeer {
+        async fn connect(to: &Remote, me: NodeIdentity) -> RawPeer {
+            let mut local = to.node.local.clone();
+            local.me = me;
+            let (r, mut writer) = tokio::net::TcpStream::connect(to.addr())
+                .await
+                .unwrap()
+                .into_split();
+            let mut reader = FramedRead::new(r, BodyCodec::new(local.max_frame_len));
+            let deadline = tokio::time::Instant::now() + T;
+            crate::handshake::connect(&mut reader, &mut writer, &local, Lane::User, deadline)
+                .await
+                .expect("the raw peer passes the handshake");
+            RawPeer { reader, writer }
+        }
+
+        /// The reply slots of the next message sent to it.
+        async fn next_request(&mut self) -> Vec<u64> {
+            loop {
+                let body = tokio::time::timeout(T, self.reader.next())
+                    .await
+                    .expect("a frame in time")
+                    .expect("connection open")
+                    .unwrap();
+                if let Frame::Message(env) = Frame::decode_body(body).unwrap() {
+                    return env.reply_ids;
+                }
+            }
+        }
+
+        async fn send(&mut self, frames: &[Frame]) {
+            let mut buf = BytesMut::new();
+            for f in frames {
+                encode_frame(f, &mut buf, crate::codec::DEFAULT_MAX_FRAME_LEN).unwrap();
+            }
+            self.writer.write_all(&buf).await.unwrap();
+        }
+    }
+
+    fn reply(id: u64, n: u64) -> Frame {
+        Frame::Reply {
+            id,
+            payload: rmp_serde::to_vec(&n).unwrap().into(),
+        }
+    }
+
+    /// A peer answers only the asks whose requests went to it: replies and reply failures
+    /// it sends for slots of asks sent to another node are ignored (counted in
+    /// `replies_unmatched`), and those asks get their own node's answer. The reason of a
+    /// failure it sends reaches the asker bounded, with control characters escaped. (Before,
+    /// a peer that got one request could guess the sequential slot numbers of asks sent to
+    /// other nodes and answer or fail them all, and its reason went into the asker's error
+    /// whole: up to 4 MiB, terminal escapes included.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_answers_only_the_asks_sent_to_it() {
+        let (_sys_v, v) = node("v").await;
+        let (sys_q, q) = node("q").await;
+        let (held_tx, mut held) = mpsc::unbounded_channel();
+        q.register("/user/hold", sys_q.spawn(Holder(held_tx)));
+        let mallory = NodeIdentity {
+            node_id: "mallory".into(),
+            incarnation: 1,
+            addr: "mallory:1".into(),
+        };
+        let mut m = RawPeer::connect(&v, mallory.clone()).await;
+
+        // v asks mallory, then q: their slots are consecutive.
+        let to_m = v.lookup::<Hold>("/user/hold", &mallory.addr);
+        let ask_m = {
+            let to_m = to_m.clone();
+            tokio::spawn(async move { to_m.ask(|reply| Hold { reply }, T).await })
+        };
+        let [own] = m.next_request().await[..] else {
+            panic!("one reply slot")
+        };
+        let to_q = v.lookup::<Hold>("/user/hold", q.addr());
+        let ask_q = tokio::spawn(async move { to_q.ask(|reply| Hold { reply }, T).await });
+        let at_q = tokio::time::timeout(T, held.recv()).await.unwrap().unwrap();
+
+        // Mallory answers and fails the slots after its own, then answers its own ask: once
+        // that is answered, v has handled the rest (one connection, read in order).
+        let mut forged: Vec<Frame> = (own + 1..=own + 100).map(|id| reply(id, 999)).collect();
+        forged.push(Frame::ReplyFailed {
+            ids: (own + 1..=own + 100_000).collect(),
+            failure: ReplyFailure::Undeliverable,
+            reason: "forged".into(),
+        });
+        forged.push(reply(own, 5));
+        m.send(&forged).await;
+        assert_eq!(ask_m.await.unwrap(), Ok(5), "mallory answers its own ask");
+        assert_eq!(
+            v.stats().replies_unmatched,
+            101,
+            "one forged reply and one forged failure for q's slot, 99 replies for no slot"
+        );
+        at_q.reply(43);
+        assert_eq!(
+            ask_q.await.unwrap(),
+            Ok(43),
+            "the ask sent to q gets q's answer"
+        );
+
+        // A failure's reason reaches the asker bounded and escaped.
+        let ask_m = tokio::spawn(async move { to_m.ask(|reply| Hold { reply }, T).await });
+        let [own] = m.next_request().await[..] else {
+            panic!("one reply slot")
+        };
+        let reason = format!("bad\n\u{1b}[31m{}", "x".repeat(100_000));
+        let sent = reason.len();
+        m.send(&[Frame::ReplyFailed {
+            ids: vec![own],
+            failure: ReplyFailure::Undeliverable,
+            reason,
+        }])
+        .await;
+        match ask_m.await.unwrap() {
+            Err(AskError::Undeliverable(why)) => {
+                assert!(why.starts_with("bad\\n\\u{1b}[31mxxx"), "{why:.40}");
+                assert!(why.ends_with(&format!("… ({sent} bytes)")), "{why:.40}");
+                assert!(why.len() < 1100, "{} bytes", why.len());
+            }
+            other => panic!("expected Undeliverable, got {other:?}"),
+        }
+    }
 
     #[test]
     fn clip_keeps_short_strings_and_cuts_long_ones_on_a_char_boundary() {

@@ -214,7 +214,7 @@ impl Peer {
     /// arrived (same encoding, same reply path).
     fn handle_here(&self, lane: Lane, frame: Frame) {
         if let Some(node) = self.node.upgrade() {
-            let me = node.local.me.node_id.clone();
+            let me = node.local.me.clone();
             node.handle_frame(self, lane, &me, frame, &mut LookupCache::default());
         }
     }
@@ -496,6 +496,11 @@ impl Peer {
         link.connected.store(false, Ordering::Release);
         link.wake.notify_one();
         Some(last)
+    }
+
+    /// The identity last seen at this address (by the last connection installed), if any.
+    pub(crate) fn identity(&self) -> Option<NodeIdentity> {
+        self.state.lock().remote.clone()
     }
 
     /// The current connection on `lane`, if any.

@@ -26,6 +26,26 @@ struct Pending {
     on_fail: Option<oneshot::Sender<(ReplyFailure, String)>>,
 }
 
+/// The peer an answer (a reply or a reply failure) came from.
+pub(crate) struct AnswerFrom<'a> {
+    /// The key of the peer whose connection carried it (its address).
+    pub(crate) key: &'a str,
+    /// Whether a slot's peer, known under another key, is that same node (dialed under an
+    /// address other than the one it advertises, say).
+    pub(crate) same_node: &'a dyn Fn(&str) -> bool,
+}
+
+/// What became of an answer to a reply slot.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answered {
+    /// The slot took it.
+    Delivered,
+    /// No such slot (late after the ask's timeout, or made up).
+    Unknown,
+    /// The slot waits on an answer from another node: ignored, the slot stays.
+    NotFromItsPeer,
+}
+
 /// Reply slots of this node, numbered from a random start so that a stale reply meant for a
 /// previous incarnation is very unlikely to match a slot of this one.
 pub(crate) struct Replies {
@@ -153,10 +173,34 @@ impl Replies {
         }
     }
 
-    /// Completes slot `id` with an encoded answer. Returns false if the slot is unknown.
-    pub(crate) fn complete(&self, id: u64, payload: &[u8]) -> Result<bool, String> {
-        let Some(p) = self.pending.lock().remove(&id) else {
-            return Ok(false);
+    /// Completes slot `id` with an encoded answer that came from `from` (see [`AnswerFrom`]).
+    /// A slot that waits on another node's answer is left alone: any peer could otherwise
+    /// answer asks sent to other nodes, guessing their slots (they are numbered in sequence).
+    pub(crate) fn complete(
+        &self,
+        id: u64,
+        payload: &[u8],
+        from: &AnswerFrom<'_>,
+    ) -> Result<Answered, String> {
+        let p = {
+            let mut map = self.pending.lock();
+            match map.get(&id) {
+                None => return Ok(Answered::Unknown),
+                Some(p) if *p.peer == *from.key => map.remove(&id),
+                Some(p) => {
+                    // Another peer key: the same node under another address, or not. Told
+                    // apart outside the lock (it takes the peers' locks).
+                    let peer = p.peer.clone();
+                    drop(map);
+                    if !(from.same_node)(&peer) {
+                        return Ok(Answered::NotFromItsPeer);
+                    }
+                    self.pending.lock().remove(&id)
+                }
+            }
+        };
+        let Some(p) = p else {
+            return Ok(Answered::Unknown);
         };
         // The reply type's `Deserialize` runs here, on the connection's reader task: a panic
         // in it fails this reply (the asker's channel closes), not the connection.
@@ -167,15 +211,63 @@ impl Replies {
                     crate::error::panic_message(&*panic)
                 ))
             })
-            .map(|()| true)
+            .map(|()| Answered::Delivered)
     }
 
-    /// Fails the given slots; an ask waiting on one of them learns why.
+    /// Fails the given slots; an ask waiting on one of them learns why. For failures this
+    /// node decides itself (the peer stayed unreachable, restarted); those a peer sends go
+    /// through [`fail_from`](Self::fail_from).
     pub(crate) fn fail(&self, ids: &[u64], failure: ReplyFailure, reason: &str) {
         let removed: Vec<Pending> = {
             let mut map = self.pending.lock();
             ids.iter().filter_map(|id| map.remove(id)).collect()
         };
+        Self::tell_failed(removed, failure, reason);
+    }
+
+    /// Fails the slots among `ids` that wait on an answer from `from`, which sent the
+    /// failure; the others are left alone (see [`complete`](Self::complete)). Returns how
+    /// many of `ids` were slots waiting on another node.
+    pub(crate) fn fail_from(
+        &self,
+        ids: &[u64],
+        from: &AnswerFrom<'_>,
+        failure: ReplyFailure,
+        reason: &str,
+    ) -> usize {
+        let mut removed = Vec::new();
+        // Slots of another peer key, told apart outside the lock.
+        let mut elsewhere: Vec<(u64, Arc<str>)> = Vec::new();
+        {
+            let mut map = self.pending.lock();
+            for id in ids {
+                match map.get(id) {
+                    None => {}
+                    Some(p) if *p.peer == *from.key => removed.extend(map.remove(id)),
+                    Some(p) => elsewhere.push((*id, p.peer.clone())),
+                }
+            }
+        }
+        let mut foreign = 0;
+        if !elsewhere.is_empty() {
+            let mut same: HashMap<Arc<str>, bool> = HashMap::new();
+            elsewhere.retain(|(_, peer)| {
+                let ok = *same
+                    .entry(peer.clone())
+                    .or_insert_with(|| (from.same_node)(peer));
+                foreign += usize::from(!ok);
+                ok
+            });
+            let mut map = self.pending.lock();
+            removed.extend(elsewhere.iter().filter_map(|(id, _)| map.remove(id)));
+        }
+        Self::tell_failed(removed, failure, reason);
+        foreign
+    }
+
+    /// Tells the asks among `removed` (slots already taken out, dropped here, outside the
+    /// lock) why they failed.
+    fn tell_failed(removed: Vec<Pending>, failure: ReplyFailure, reason: &str) {
         for p in removed {
             if let Some(tx) = p.on_fail {
                 let _ = tx.send((failure, reason.to_string()));
@@ -387,9 +479,13 @@ mod tests {
         });
         let (id, ids) = capture(|| r.export(deliver, "p".into()));
         assert_eq!(ids, vec![id]);
-        assert_eq!(r.complete(id, &rmp_serde::to_vec(&7u32).unwrap()), Ok(true));
+        let from_p = from("p", &|_| false);
+        assert_eq!(
+            r.complete(id, &rmp_serde::to_vec(&7u32).unwrap(), &from_p),
+            Ok(Answered::Delivered)
+        );
         assert_eq!(rx.try_recv(), Ok(7));
-        assert_eq!(r.complete(id, b""), Ok(false));
+        assert_eq!(r.complete(id, b"", &from_p), Ok(Answered::Unknown));
 
         let (tx, mut rx) = oneshot::channel::<u32>();
         let id = r.export(
@@ -428,6 +524,63 @@ mod tests {
         assert_eq!(r.len(), 0);
         r.export(Box::new(|_| Ok(())), "p".into());
         assert_eq!(r.sweep(Duration::ZERO), 1);
+    }
+
+    fn from<'a>(key: &'a str, same_node: &'a dyn Fn(&str) -> bool) -> AnswerFrom<'a> {
+        AnswerFrom { key, same_node }
+    }
+
+    /// A slot takes an answer, or a failure, only from the peer it waits on: under the same
+    /// key, or under another key that is the same node. Answers from other peers leave it
+    /// waiting. (Before, any peer could answer or fail any slot of the node.)
+    #[test]
+    fn slots_take_answers_only_from_their_peer() {
+        let r = Replies::new();
+        let (tx, mut rx) = oneshot::channel::<u32>();
+        let id = r.export(
+            Box::new(move |b: &[u8]| {
+                let _ = tx.send(rmp_serde::from_slice(b).map_err(|e| e.to_string())?);
+                Ok(())
+            }),
+            "q".into(),
+        );
+        let (ftx, mut frx) = oneshot::channel();
+        r.owned_by_ask(&[id], Duration::from_secs(5), ftx);
+        let answer = rmp_serde::to_vec(&7u32).unwrap();
+        let stranger = from("m", &|_| false);
+        assert_eq!(
+            r.complete(id, &answer, &stranger),
+            Ok(Answered::NotFromItsPeer)
+        );
+        assert_eq!(
+            r.fail_from(&[id, id + 1], &stranger, ReplyFailure::NoReply, "x"),
+            1
+        );
+        assert_eq!(r.len(), 1, "the slot still waits");
+        assert!(frx.try_recv().is_err() && rx.try_recv().is_err());
+        // The same node under another address (dialed as `q`, advertising `q2`).
+        let alias = |k: &str| k == "q";
+        let q2 = from("q2", &alias);
+        assert_eq!(r.complete(id, &answer, &q2), Ok(Answered::Delivered));
+        assert_eq!(rx.try_recv(), Ok(7));
+
+        let a = r.export(Box::new(|_| Ok(())), "q".into());
+        let b = r.export(Box::new(|_| Ok(())), "p".into());
+        let (ftx, mut frx) = oneshot::channel();
+        r.owned_by_ask(&[a], Duration::from_secs(5), ftx);
+        let q = from("q", &|_| false);
+        assert_eq!(r.fail_from(&[a, b], &q, ReplyFailure::NoReply, "gone"), 1);
+        assert_eq!(
+            frx.try_recv().unwrap(),
+            (ReplyFailure::NoReply, "gone".into())
+        );
+        assert_eq!(r.len(), 1, "p's slot stays");
+        assert_eq!(r.fail_from(&[b], &q2, ReplyFailure::NoReply, "x"), 1);
+        assert_eq!(
+            r.fail_from(&[b], &from("p", &|_| false), ReplyFailure::NoReply, "x"),
+            0
+        );
+        assert_eq!(r.len(), 0);
     }
 
     /// Calls back into its `Replies` when dropped, as a relay slot's reply handle to this

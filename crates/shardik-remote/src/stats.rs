@@ -60,9 +60,11 @@ counters! {
     /// Connections closed for a protocol violation (oversized frame, i/o error mid-frame,
     /// handshake frames after the handshake).
     connections_rejected,
-    /// Dials of a peer that failed (no connection, or no handshake), per lane and attempt.
+    /// Dials of a peer that failed (no connection, or no handshake), per lane and attempt;
+    /// not those the peer refused as a duplicate (simultaneous connects).
     dial_failures,
-    /// Handshakes that failed, on either side.
+    /// Handshakes that failed, on either side; not the refusal of a duplicate connection
+    /// (simultaneous connects), which is how they are settled.
     handshake_failures,
     /// Inbound connections closed before their handshake because too many were in theirs
     /// already: 256 on the node, or 64 from the connection's IP address.
@@ -77,7 +79,9 @@ counters! {
     fault_dropped,
     /// Frames held by a link delayed by the fault injector (counted on arrival).
     fault_delayed,
-    /// Replies whose slot was unknown (late after a timeout, or forged).
+    /// Replies whose slot was unknown (late after a timeout, or made up), and replies and
+    /// reply failures (one per slot) from another node than the one the slot's request went
+    /// to (forged): dropped, the slot keeps waiting.
     replies_unmatched,
     /// Replies that failed to decode as the asker's type.
     reply_decode_errors,
@@ -160,7 +164,8 @@ pub enum RemoteEvent {
         /// The new incarnation.
         new: u64,
     },
-    /// A handshake failed, on either side.
+    /// A handshake failed, on either side (not published for a connection refused as a
+    /// duplicate, which settles simultaneous connects).
     HandshakeFailed {
         /// The remote address (the socket address for inbound connections).
         addr: String,

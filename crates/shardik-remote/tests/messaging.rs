@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde::{Deserialize, Serialize};
 use shardik_actor::{Actor, ActorError, AskError, Context, ReplyTo};
-use shardik_remote::RemoteRef;
+use shardik_remote::{Lane, RemoteEvent, RemoteRef};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tell_and_ask_both_ways() {
@@ -403,4 +403,54 @@ async fn registering_and_unregistering_a_live_actor_leaves_no_tasks_behind() {
     .await
     .unwrap_or_else(|_| panic!("{} tasks alive, {before} before", metrics.num_alive_tasks()));
     assert!(!remote.is_registered("/user/again-0"));
+}
+
+/// Hands the reply handle of each `Echo::Inc` to the test, which answers when it likes.
+struct Holder(tokio::sync::mpsc::UnboundedSender<ReplyTo<u64>>);
+
+impl Actor for Holder {
+    type Msg = Echo;
+    async fn handle(&mut self, msg: Echo, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        if let Echo::Inc { reply, .. } = msg {
+            let _ = self.0.send(reply);
+        }
+        Ok(())
+    }
+}
+
+/// An ask sent to a peer under another address than the one it advertises (`localhost`
+/// for `127.0.0.1`) takes the answer the peer sends over a connection it made itself, which
+/// the asking node knows under the advertised address: answers are matched to their slots
+/// by the node that sent them, not by the address of the connection they came on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_peers_own_connection_reaches_an_ask_sent_under_an_alias() {
+    let (_sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    let (held_tx, mut held) = tokio::sync::mpsc::unbounded_channel();
+    b.register("/user/hold", sys_b.spawn(Holder(held_tx)));
+    let (mut a_events, mut b_events) = (a.events(), b.events());
+    let port = b.addr().rsplit(':').next().unwrap();
+    let alias = format!("localhost:{port}");
+    let to_b = a.lookup::<Echo>("/user/hold", &alias);
+    let ask = tokio::spawn(async move { to_b.ask(|reply| Echo::Inc { n: 1, reply }, T).await });
+    let reply = next(&mut held).await;
+    // a dialed both connections under the alias (the control one right after the user one).
+    for lane in [Lane::User, Lane::Control] {
+        wait_event(&mut a_events, |e| {
+            matches!(e, RemoteEvent::Connected { addr, outbound: true, lane: l, .. } if *addr == alias && *l == lane)
+        })
+        .await;
+    }
+    // a closes them; b answers once they are gone, over a connection of its own.
+    a.disconnect(&alias);
+    wait_event(
+        &mut b_events,
+        |e| matches!(e, RemoteEvent::Disconnected { addr } if addr == a.addr()),
+    )
+    .await;
+    reply.reply(42);
+    assert_eq!(ask.await.unwrap(), Ok(42));
+    let via_advertised = a.connection(b.addr()).expect("b dialed a");
+    assert!(!via_advertised.outbound);
+    assert_eq!(a.stats().replies_unmatched, 0);
 }

@@ -240,3 +240,124 @@ async fn stop_peer(
     b.shutdown().await;
     wait_event(events, |e| matches!(e, RemoteEvent::Disconnected { .. })).await;
 }
+
+/// An address on 127.0.0.1 nothing listens on (bound, then closed).
+fn free_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}
+
+/// Forwards each connection accepted on `listener` to `target` once `open` is true, and
+/// reports each one on `accepted` as it is accepted.
+fn relay(
+    listener: tokio::net::TcpListener,
+    target: String,
+    open: tokio::sync::watch::Receiver<bool>,
+    accepted: tokio::sync::mpsc::UnboundedSender<()>,
+) {
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let _ = accepted.send(());
+            let (target, mut open) = (target.clone(), open.clone());
+            tokio::spawn(async move {
+                if open.wait_for(|o| *o).await.is_err() {
+                    return;
+                }
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+}
+
+/// Refusing the other node's connection as a duplicate (both dialed at once; the lower node
+/// keeps its own) is not a failure on either side: no `HandshakeFailed` event, nothing in
+/// `handshake_failures` or `dial_failures`, and no run of failures that would give up the
+/// refused dialer's queued message at `give_up_message_after`. The refused dialer looks
+/// again after a wait of its own and rests once the other connection is up. (Before, each
+/// refusal counted as a failed handshake and a failed dial, and the refused node dropped
+/// its queued frames as if the peer were unreachable.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_refused_as_a_duplicate_is_not_a_failure() {
+    // Each node advertises a relay in front of it. b's relay holds a's dial until opened, so
+    // a's dial stays in flight and a (the lower node) refuses b's dials meanwhile; a's relay
+    // forwards at once and counts b's dials.
+    let (bind_a, bind_b) = (free_addr(), free_addr());
+    let listen_a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listen_b = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (relay_a, relay_b) = (
+        listen_a.local_addr().unwrap().to_string(),
+        listen_b.local_addr().unwrap().to_string(),
+    );
+    let (_always, open_a) = tokio::sync::watch::channel(true);
+    let (open_b, held_b) = tokio::sync::watch::channel(false);
+    let (dialed_a, mut dials_of_a) = tokio::sync::mpsc::unbounded_channel();
+    let (dialed_b, mut dials_of_b) = tokio::sync::mpsc::unbounded_channel();
+    relay(listen_a, bind_a.clone(), open_a, dialed_a);
+    relay(listen_b, bind_b.clone(), held_b, dialed_b);
+    let (sys_a, a) = node_with(
+        config("a")
+            .bind(bind_a)
+            .advertise(relay_a.clone())
+            .handshake_timeout(Duration::from_secs(60)),
+    )
+    .await;
+    let (sys_b, b) = node_with(
+        config("b")
+            .bind(bind_b)
+            .advertise(relay_b.clone())
+            .give_up_message_after(Duration::from_millis(1)),
+    )
+    .await;
+    let (mut events_a, mut events_b) = (a.events(), b.events());
+    let mut seen_a = echo(&sys_a, &a);
+    let mut seen_b = echo(&sys_b, &b);
+
+    a.lookup::<Echo>("/user/echo", &relay_b)
+        .tell(Echo::Record { from: 1, n: 1 });
+    next(&mut dials_of_b).await;
+    b.lookup::<Echo>("/user/echo", &relay_a)
+        .tell(Echo::Record { from: 2, n: 2 });
+    // b dials a third time only once it has handled the second refusal.
+    for dial in 1..=3 {
+        tokio::time::timeout(T, dials_of_a.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "b stopped dialing before dial {dial} (gave its message up?): {:?}",
+                    b.stats()
+                )
+            });
+    }
+    let no_failures = |events: &mut tokio::sync::broadcast::Receiver<RemoteEvent>| {
+        while let Ok(e) = events.try_recv() {
+            assert!(!matches!(e, RemoteEvent::HandshakeFailed { .. }), "{e:?}");
+        }
+        for (node, stats) in [("a", a.stats()), ("b", b.stats())] {
+            assert_eq!(
+                (
+                    stats.handshake_failures,
+                    stats.dial_failures,
+                    stats.dropped_unreachable
+                ),
+                (0, 0, 0),
+                "{node}: {stats:?}"
+            );
+        }
+    };
+    no_failures(&mut events_b);
+
+    // a's dial goes through: both messages travel over its connection.
+    open_b.send(true).unwrap();
+    assert_eq!(next(&mut seen_b).await, (1, 1));
+    assert_eq!(next(&mut seen_a).await, (2, 2));
+    let user = a.connection(&relay_b).expect("a's connection is up");
+    assert!(user.outbound);
+    assert!(!b.connection(&relay_a).unwrap().outbound);
+    no_failures(&mut events_a);
+    no_failures(&mut events_b);
+}
