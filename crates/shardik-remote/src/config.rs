@@ -60,7 +60,9 @@ pub struct RemoteConfig {
     pub backoff_max: Duration,
     /// How long a peer may stay unreachable, every dial of a lane failing to connect, before
     /// the frames waiting in that lane's queue are dropped (default 60 s, like Akka's
-    /// `give-up-message-after`; at least 1 ms). They are counted in
+    /// `give-up-message-after`; at least 1 ms). A dial the peer refuses as a duplicate counts
+    /// too if no connection follows (the peer was likely dialed under another address than
+    /// it advertises). They are counted in
     /// [`RemoteStats::dropped_unreachable`](crate::RemoteStats::dropped_unreachable), asks
     /// among them fail with `Undeliverable`, and the lane stops dialing until something new
     /// is sent, so a peer that is gone for good (an address a restarted node will not have

@@ -1,5 +1,7 @@
 //! Admission of inbound connections to their handshake: at most [`MAX_PENDING`] at once on a
-//! node, and at most [`MAX_PENDING_PER_SOURCE`] of them from one IP address, so that one host
+//! node, and at most [`MAX_PENDING_PER_SOURCE`] of them from one source (an IPv4 address, or
+//! an IPv6 /64: one host usually holds a whole /64, and could otherwise open connections from
+//! as many addresses as it likes), so that one host
 //! that opens connections and never authenticates them (a scanner, a misconfigured client, an
 //! attack) cannot keep every other peer out for a `handshake_timeout` at a time. A connection
 //! over either limit is closed at once; a slot is given back when its handshake ends, whether
@@ -58,8 +60,7 @@ impl HandshakeSlots {
 
     /// A slot for a connection from `source`, or why there is none.
     pub(crate) fn try_take(&self, source: IpAddr) -> Result<HandshakeSlot, Refused> {
-        // An IPv4 peer reaching an IPv6 listener shows up as `::ffff:a.b.c.d`: one host.
-        let source = source.to_canonical();
+        let source = source_of(source);
         let mut sources = self.sources.lock();
         let pending = sources.get(&source).copied().unwrap_or(0);
         if pending >= self.per_source {
@@ -96,6 +97,18 @@ impl Drop for HandshakeSlot {
     }
 }
 
+/// The source a connection from `ip` counts against: an IPv4 address (also when it reaches
+/// an IPv6 listener as `::ffff:a.b.c.d`), or the /64 network of an IPv6 address.
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !(u128::from(u64::MAX));
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +132,19 @@ mod tests {
         let b = slots
             .try_take(ip("10.0.0.2"))
             .expect("another host gets in");
+        // An IPv6 host holds a /64: its addresses share one source's slots.
+        let c: Vec<_> = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:ffff::9"]
+            .iter()
+            .map(|s| slots.try_take(ip(s)).unwrap())
+            .collect();
+        assert_eq!(
+            slots.try_take(ip("2001:db8:1:2:abcd::1")).err(),
+            Some(Refused::Source)
+        );
+        let d = slots
+            .try_take(ip("2001:db8:1:3::1"))
+            .expect("another /64 gets in");
+        drop((c, d));
         drop(a);
         let again = slots.try_take(ip("10.0.0.1")).expect("slots come back");
         drop((b, again));

@@ -33,21 +33,29 @@ use crate::stats::{should_log, Counters, RemoteEvent};
 /// Frames a connection reader handles in one go before it looks at cancellation again.
 const READ_BURST: usize = 256;
 
-/// [`clip`]ped, with control characters escaped (`\n`, `\u{1b}`): a string a peer sent,
+/// With control characters escaped (`\n`, `\u{1b}`), then [`clip`]ped: a string a peer sent,
 /// before the handshake has proven anything, made safe to put in an error, a log line or an
 /// event.
 pub(crate) fn shown(s: &str) -> String {
     shown_max(s, CLIP)
 }
 
-/// [`shown`], cut at `max` bytes instead.
+/// [`shown`], cut at `max` bytes instead. The cut is made after escaping, so the result is
+/// at most `max` bytes (and the marker) however many control characters `s` holds, and
+/// falls on a character boundary without splitting an escape.
 pub(crate) fn shown_max(s: &str, max: usize) -> String {
     let mut out = String::new();
-    for c in clip_max(s, max).chars() {
+    for c in s.chars() {
+        let kept = out.len();
         if c.is_control() {
             out.extend(c.escape_default());
         } else {
             out.push(c);
+        }
+        if out.len() > max {
+            out.truncate(kept);
+            out.push_str(&format!("… ({} bytes)", s.len()));
+            break;
         }
     }
     out
@@ -896,16 +904,25 @@ fn is_duplicate(e: &HandshakeError) -> bool {
 /// exponentially growing delay (`backoff_min` doubling up to `backoff_max`).
 ///
 /// A dial the peer refuses as a duplicate (it dialed us at the same time and keeps its own
-/// connection) is not a failure: it is not counted, and neither grows the backoff nor runs
-/// the `give_up_message_after` clock. The peer's connection is about to be installed, after
-/// which this loop rests; the dialer looks again after a wait of its own (also `backoff_min`
-/// doubling up to `backoff_max`, until the lane is connected), in case that connection
-/// never comes.
+/// connection) is not a failure: it is not counted and does not grow the backoff. The
+/// dialer looks again after a wait of its own (also `backoff_min` doubling up to
+/// `backoff_max`); in a routine tie-break the peer's connection is installed within
+/// milliseconds, so by then the lane is connected and this loop rests (which ends any run of
+/// failures). A refused dial that still leaves the lane unconnected after that wait does
+/// count toward `give_up_message_after`, as a failed one does: a peer dialed under another
+/// address than the one it advertises (an alias: `localhost` for `127.0.0.1`, another DNS
+/// name) that holds a connection to this node refuses every dial under the alias as a
+/// duplicate, while the connection it keeps is known here under its advertised address.
+/// Without the clock such a lane would be dialed forever and its frames never given up.
+/// [`DUPLICATES_BEFORE_WARNING`] refusals in a row with no connection are logged once.
 async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
     let mut backoff = node.cfg.backoff_min;
     let mut duplicate_wait = node.cfg.backoff_min;
+    // Dials refused as duplicates since the lane was last connected.
+    let mut duplicates = 0u64;
     let mut failures = 0u64;
-    // When the dials of the current run of failures began.
+    // When the dials of the current run of failures began (dials refused as duplicates that
+    // left the lane unconnected included).
     let mut failing_since: Option<tokio::time::Instant> = None;
     // Cancelled at shutdown, or when the node forgets this peer.
     let retired = peer.retired.clone();
@@ -922,6 +939,9 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
             // send: a run of failures has ended, and the next failure starts a new one.
             failing_since = None;
             duplicate_wait = node.cfg.backoff_min;
+            if peer.link(lane).is_connected() {
+                duplicates = 0;
+            }
             tokio::select! {
                 _ = retired.cancelled() => return,
                 _ = woken => {}
@@ -937,15 +957,34 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
             Ok(_) => {
                 backoff = node.cfg.backoff_min;
                 duplicate_wait = node.cfg.backoff_min;
+                duplicates = 0;
                 failures = 0;
                 failing_since = None;
             }
             Err(RemoteError::Handshake(e)) if is_duplicate(&e) => {
+                duplicates += 1;
+                if duplicates == DUPLICATES_BEFORE_WARNING {
+                    tracing::warn!(
+                        node = %node.local.me.node_id,
+                        peer_addr = %peer.addr,
+                        lane = lane.as_str(),
+                        refusals = duplicates,
+                        "the peer keeps refusing our connection as a duplicate while no \
+                         connection to it is up under this address: it is likely dialed under \
+                         another address than the one it advertises (its frames are given up \
+                         after give_up_message_after): {e}"
+                    );
+                }
                 tokio::select! {
                     _ = retired.cancelled() => return,
                     _ = tokio::time::sleep(duplicate_wait) => {}
                 }
                 duplicate_wait = (duplicate_wait * 2).min(node.cfg.backoff_max);
+                // In a tie-break the peer's connection is up by now (and the loop rests);
+                // if it is not, the refused dial counts toward giving up.
+                if !peer.link(lane).is_connected() {
+                    node.dial_run_goes_on(&peer, lane, &mut failing_since, dialed_at);
+                }
             }
             Err(e) => {
                 failures += 1;
@@ -953,12 +992,7 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
                     &node.counters.dial_failures,
                     "shardik_remote_dial_failures_total",
                 );
-                let since = *failing_since.get_or_insert(dialed_at);
-                if since.elapsed() >= node.cfg.give_up_message_after {
-                    node.give_up_queued(&peer, lane, since.elapsed());
-                    // Frames queued from now on get a full period again.
-                    failing_since = None;
-                }
+                node.dial_run_goes_on(&peer, lane, &mut failing_since, dialed_at);
                 if matches!(e, RemoteError::Connect { .. }) && should_log(failures) {
                     tracing::warn!(
                         node = %node.local.me.node_id,
@@ -981,7 +1015,30 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
     }
 }
 
+/// How many dials of a lane refused as duplicates in a row, with no connection on the lane
+/// in between, are logged (once) as a likely alias.
+const DUPLICATES_BEFORE_WARNING: u64 = 5;
+
 impl Node {
+    /// A dial of `lane` toward `peer` begun at `dialed_at` left the lane unconnected (it
+    /// failed, or the peer refused it as a duplicate and no connection came): it extends the
+    /// current run of such dials, or begins one, and once the run has lasted
+    /// `give_up_message_after` the frames waiting in the lane's queue are given up. Frames
+    /// queued after that get a full period again: the run ends.
+    fn dial_run_goes_on(
+        &self,
+        peer: &Peer,
+        lane: Lane,
+        failing_since: &mut Option<tokio::time::Instant>,
+        dialed_at: tokio::time::Instant,
+    ) {
+        let since = *failing_since.get_or_insert(dialed_at);
+        if since.elapsed() >= self.cfg.give_up_message_after {
+            self.give_up_queued(peer, lane, since.elapsed());
+            *failing_since = None;
+        }
+    }
+
     /// Drops what waits in `lane`'s queue toward `peer`, unreachable for `unreachable`: the
     /// frames are counted, asks among them fail as undeliverable (their requests never left),
     /// and the lane's dialer, with nothing to send, stops until something new is queued.
@@ -1451,7 +1508,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 
 #[cfg(test)]
 mod tests {
-    use super::{clip, shown};
+    use super::{clip, shown, shown_max};
 
     use std::time::Duration;
 
@@ -1636,5 +1693,28 @@ mod tests {
         assert_eq!(shown("a\nb\u{1b}[31m"), "a\\nb\\u{1b}[31m");
         assert!(shown(&"x".repeat(70_000)).ends_with("… (70000 bytes)"));
         assert!(cut.len() < 220);
+    }
+
+    /// The cut comes after escaping: a string of control characters, each escaped into up
+    /// to 6 bytes, still comes out at most `max` bytes and the marker, and no escape is cut
+    /// in two. (Before, the first `max` bytes were kept and then escaped: these 2 000
+    /// control characters cut to 1 KiB came out at 4.4 KiB, and up to 6 KiB is possible.)
+    #[test]
+    fn shown_cuts_after_escaping() {
+        let controls: String = (0..2_000).map(|i| ['\u{1b}', '\n', '\0'][i % 3]).collect();
+        let marker = "… (2000 bytes)";
+        let out = shown_max(&controls, 1024);
+        assert!(out.ends_with(marker), "{out:.60}");
+        let body = &out[..out.len() - marker.len()];
+        assert!(body.len() <= 1024, "{} bytes", body.len());
+        assert!(body.len() > 1024 - 6, "{} bytes", body.len());
+        assert!(body.starts_with("\\u{1b}\\n\\u{0}\\u{1b}"), "{body:.40}");
+        assert!(body.ends_with('}') || body.ends_with("\\n"), "{body}");
+        let short = shown_max(&"\u{1b}".repeat(100), 1024);
+        assert_eq!(short, "\\u{1b}".repeat(100));
+        // Multi-byte characters are kept whole.
+        let out = shown_max(&"é".repeat(600), 1024);
+        assert!(out.starts_with(&"é".repeat(512)), "{out:.40}");
+        assert!(out.ends_with("… (1200 bytes)"), "{out:.40}");
     }
 }

@@ -109,6 +109,13 @@ pub(crate) struct LaneLink {
     heartbeats: Mutex<VecDeque<(u64, Instant)>>,
 }
 
+impl LaneLink {
+    /// True if a connection is installed on this lane.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+}
+
 pub(crate) struct Peer {
     /// The peer's advertised address, the key it is known by.
     pub(crate) addr: Arc<str>,

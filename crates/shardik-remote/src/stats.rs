@@ -45,7 +45,8 @@ counters! {
     /// Messages refused because their frame would exceed the size limit.
     dropped_too_large,
     /// Frames (messages, replies, control messages) dropped from a peer's queue after the
-    /// peer stayed unreachable for `give_up_message_after`.
+    /// peer stayed unreachable (or refused every dial as a duplicate with no connection
+    /// following) for `give_up_message_after`.
     dropped_unreachable,
     /// Messages that failed to encode at the sender.
     encode_errors,

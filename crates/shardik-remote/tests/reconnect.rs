@@ -276,11 +276,13 @@ fn relay(
 
 /// Refusing the other node's connection as a duplicate (both dialed at once; the lower node
 /// keeps its own) is not a failure on either side: no `HandshakeFailed` event, nothing in
-/// `handshake_failures` or `dial_failures`, and no run of failures that would give up the
-/// refused dialer's queued message at `give_up_message_after`. The refused dialer looks
-/// again after a wait of its own and rests once the other connection is up. (Before, each
-/// refusal counted as a failed handshake and a failed dial, and the refused node dropped
-/// its queued frames as if the peer were unreachable.)
+/// `handshake_failures` or `dial_failures`, no growth of the backoff. The refused dialer
+/// looks again after a wait of its own and rests once the other connection is up, which
+/// ends its run toward `give_up_message_after`: refusals that leave its lane unconnected
+/// count toward that (see `a_peer_dialed_under_an_alias_gives_up_what_it_refuses_as_a_duplicate`),
+/// and a later run of failures gets its full period. (Before fbf6ef5, each refusal counted
+/// as a failed handshake and a failed dial, and a refused node with a short
+/// `give_up_message_after` dropped its queued frames as if the peer were unreachable.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_refused_as_a_duplicate_is_not_a_failure() {
     // Each node advertises a relay in front of it. b's relay holds a's dial until opened, so
@@ -306,11 +308,13 @@ async fn a_connection_refused_as_a_duplicate_is_not_a_failure() {
             .handshake_timeout(Duration::from_secs(60)),
     )
     .await;
+    // Far longer than b's refusals last here (three handshakes and 30 ms of waits).
+    let give_up = Duration::from_secs(1);
     let (sys_b, b) = node_with(
         config("b")
             .bind(bind_b)
             .advertise(relay_b.clone())
-            .give_up_message_after(Duration::from_millis(1)),
+            .give_up_message_after(give_up),
     )
     .await;
     let (mut events_a, mut events_b) = (a.events(), b.events());
@@ -320,8 +324,9 @@ async fn a_connection_refused_as_a_duplicate_is_not_a_failure() {
     a.lookup::<Echo>("/user/echo", &relay_b)
         .tell(Echo::Record { from: 1, n: 1 });
     next(&mut dials_of_b).await;
-    b.lookup::<Echo>("/user/echo", &relay_a)
-        .tell(Echo::Record { from: 2, n: 2 });
+    let b_told = tokio::time::Instant::now();
+    let b_to_a = b.lookup::<Echo>("/user/echo", &relay_a);
+    b_to_a.tell(Echo::Record { from: 2, n: 2 });
     // b dials a third time only once it has handled the second refusal.
     for dial in 1..=3 {
         tokio::time::timeout(T, dials_of_a.recv())
@@ -360,4 +365,76 @@ async fn a_connection_refused_as_a_duplicate_is_not_a_failure() {
     assert!(!b.connection(&relay_a).unwrap().outbound);
     no_failures(&mut events_a);
     no_failures(&mut events_b);
+
+    // b's refusals (its lane unconnected after each wait) began a run toward give_up; the
+    // connection ended it. Once that run would have lasted give_up, a goes away: b's ask
+    // gets a full give_up of failed dials before it is given up, not an instant one.
+    tokio::time::sleep_until(b_told + give_up).await;
+    a.shutdown().await;
+    wait_event(
+        &mut events_b,
+        |e| matches!(e, RemoteEvent::Disconnected { addr } if *addr == relay_a),
+    )
+    .await;
+    let asked_at = Instant::now();
+    let asked = b_to_a.ask(|reply| Echo::Inc { n: 1, reply }, T).await;
+    assert!(
+        matches!(asked, Err(AskError::Undeliverable(_))),
+        "{asked:?}: {:?}",
+        b.stats()
+    );
+    assert!(asked_at.elapsed() >= give_up, "{:?}", asked_at.elapsed());
+    assert_eq!(b.stats().dropped_unreachable, 1);
+}
+
+/// A node dialed under an alias of the address it advertises (`localhost` for `127.0.0.1`)
+/// while it holds a connection of its own to the dialer refuses every such dial as a
+/// duplicate: it is the lower node and keeps its connection, which the dialer knows under
+/// the advertised address only, so under the alias nothing ever connects. The dialer gives
+/// up what it queued under the alias after `give_up_message_after`, as for an unreachable
+/// peer: the frames are dropped and counted in `dropped_unreachable`, and an ask among them
+/// fails at once as undeliverable. The refusals are still not counted as failures. (Until
+/// this was found in review of fbf6ef5, such a dialer re-dialed forever, silently: its
+/// frames stayed queued until the queue was full, and its asks timed out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_dialed_under_an_alias_gives_up_what_it_refuses_as_a_duplicate() {
+    let give_up = Duration::from_millis(300);
+    let (sys_a, a) = node("a").await;
+    let (sys_b, b) = node_with(config("b").give_up_message_after(give_up)).await;
+    let mut seen_b = echo(&sys_b, &b);
+    let _seen_a = echo(&sys_a, &a);
+    let mut a_events = a.events();
+    // a, the lower node, makes both connections under b's advertised address.
+    a.lookup::<Echo>("/user/echo", b.addr())
+        .tell(Echo::Record { from: 1, n: 1 });
+    for lane in [Lane::User, Lane::Control] {
+        wait_event(&mut a_events, |e| {
+            matches!(e, RemoteEvent::Connected { addr, outbound: true, lane: l, .. } if addr == b.addr() && *l == lane)
+        })
+        .await;
+    }
+    assert_eq!(next(&mut seen_b).await, (1, 1));
+
+    // b sends to a under an alias: a refuses each of b's dials as a duplicate of its own.
+    let port = a.addr().rsplit(':').next().unwrap();
+    let to_a = b.lookup::<Echo>("/user/echo", &format!("localhost:{port}"));
+    let told_at = Instant::now();
+    to_a.tell(Echo::Record { from: 2, n: 2 });
+    let asked = to_a.ask(|reply| Echo::Inc { n: 1, reply }, T).await;
+    assert!(
+        matches!(asked, Err(AskError::Undeliverable(_))),
+        "{asked:?}: {:?}",
+        b.stats()
+    );
+    assert!(told_at.elapsed() >= give_up, "{:?}", told_at.elapsed());
+    let stats = b.stats();
+    assert_eq!(stats.dropped_unreachable, 2, "{stats:?}");
+    assert_eq!(
+        (stats.handshake_failures, stats.dial_failures),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(a.stats().handshake_failures, 0);
+    // The association under the advertised addresses is untouched.
+    assert!(a.connection(b.addr()).expect("a's connection").outbound);
 }
