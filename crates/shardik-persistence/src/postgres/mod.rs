@@ -187,24 +187,30 @@ fn connection_config(url: &str, tls: bool) -> Result<tokio_postgres::Config, Sto
     // Without these, a connection to a host that vanished (a failover that moved a virtual
     // IP) hangs whatever uses it until the kernel gives up retransmitting, about 15 minutes,
     // and an idle pooled one is found dead only when used. A value the URL gives is kept,
-    // 0 included (tokio-postgres reads it as unset: no limit, as in libpq).
-    if !url_sets(url, "connect_timeout") {
+    // 0 included (tokio-postgres reads it as unset: no limit, as in libpq): a parameter
+    // counts as given if the parsed value differs from the driver's default (however the
+    // URL spelled its name) or if the URL names it.
+    if !(config.get_connect_timeout().is_some() || url_sets(url, "connect_timeout")) {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
-    if !url_sets(url, "tcp_user_timeout") {
+    if !(config.get_tcp_user_timeout().is_some() || url_sets(url, "tcp_user_timeout")) {
         config.tcp_user_timeout(TCP_USER_TIMEOUT);
     }
-    if !url_sets(url, "keepalives_idle") {
+    if !(config.get_keepalives_idle() != DRIVER_KEEPALIVES_IDLE || url_sets(url, "keepalives_idle"))
+    {
         config.keepalives_idle(KEEPALIVES_IDLE);
     }
-    if !url_sets(url, "keepalives_interval") {
+    if !(config.get_keepalives_interval().is_some() || url_sets(url, "keepalives_interval")) {
         config.keepalives_interval(KEEPALIVES_INTERVAL);
     }
-    if !url_sets(url, "keepalives_retries") {
+    if !(config.get_keepalives_retries().is_some() || url_sets(url, "keepalives_retries")) {
         config.keepalives_retries(KEEPALIVES_RETRIES);
     }
     Ok(config)
 }
+
+/// tokio-postgres's keepalive idle time when the URL gives none.
+const DRIVER_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 
 /// True if connection string `url` (a URL's query, or `key=value` pairs) names parameter
 /// `key`, whatever its value.
@@ -570,6 +576,10 @@ mod tests {
         .unwrap();
         assert_eq!(pairs.get_connect_timeout(), None, "0: no limit");
         assert_eq!(pairs.get_keepalives_idle(), secs(60));
+        // A name the driver decodes (`%5F` is `_`) is still a value given.
+        let encoded =
+            connection_config("postgres://app@db/app?connect%5Ftimeout=3", false).unwrap();
+        assert_eq!(encoded.get_connect_timeout(), Some(&secs(3)));
         assert_eq!(pairs.get_tcp_user_timeout(), Some(&secs(30)));
         assert_eq!(pairs.get_keepalives_retries(), Some(3));
 
