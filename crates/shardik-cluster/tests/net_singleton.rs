@@ -4,7 +4,8 @@
 //! leaving are delivered), restart on the next oldest node after a crash (only once the
 //! crashed node is `Down`), a partition that isolates the host (its instance stops when its
 //! node is fenced, before the majority starts one, even with no down margin), an instance
-//! that stops on its own started again, and a bounded proxy buffer.
+//! that stops on its own started again after the restart backoff (or handed over if its node
+//! leaves meanwhile), and a bounded proxy buffer.
 
 mod netutil;
 
@@ -42,6 +43,8 @@ struct Witness {
     logged: tokio::sync::Notify,
     /// For every instance started: its node, that node's view and the time at that moment.
     views: Mutex<Vec<(String, View, Instant)>>,
+    /// For every instance stopped: the time its `stopped` hook ran.
+    stops: Mutex<Vec<Instant>>,
 }
 
 impl Witness {
@@ -88,6 +91,7 @@ impl Actor for Counter {
         Ok(())
     }
     async fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.witness.stops.lock().push(Instant::now());
         self.witness.push(format!("stop {}", self.node));
         self.witness.alive.fetch_sub(1, Ordering::SeqCst);
     }
@@ -782,15 +786,24 @@ async fn a_host_shut_down_with_a_backlog_stops_its_instance_at_once() {
 }
 
 /// An instance that stops on its own (here it stops itself; a supervisor giving up does the
-/// same) is started again on the same host after a backoff (1 s the first time). Meanwhile
+/// same) is started again on the same host once the restart backoff has passed. Meanwhile
 /// the host no longer says it runs one, and the proxies buffer until it does: a message told
 /// then reaches the new instance. Found by an audit on 2026-11-29: the manager kept the dead
 /// instance, went on announcing it, and every message to it was lost although `tell`
-/// returned `Ok`.
+/// returned `Ok`. The backoff is far longer than what the test does meanwhile, so nothing
+/// races the restart (with the default 1 s a stalled test could miss the pause).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_that_stops_on_its_own_is_started_again() {
+    const BACKOFF: Duration = Duration::from_secs(30);
     let (nodes, _) = cluster_of(2, None).await;
-    let (witness, singletons) = start_everywhere(&nodes);
+    let witness = Arc::new(Witness::default());
+    let settings = SingletonSettings::new("counter")
+        .down_margin(MARGIN)
+        .restart_backoff(BACKOFF, 2 * BACKOFF);
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| start_singleton_with(&n.cluster, &witness, settings.clone()))
+        .collect();
     within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
     let n0 = nodes[0].id().clone();
     let (p0, p1) = (singletons[0].proxy(), singletons[1].proxy());
@@ -803,7 +816,13 @@ async fn an_instance_that_stops_on_its_own_is_started_again() {
     p1.tell(Msg::Add(2)).unwrap();
     p0.tell(Msg::Add(3)).unwrap();
     assert_eq!((p0.buffered(), p1.buffered()), (1, 1));
-    within("n0 hosts again", 10, singletons[0].wait_hosting(true)).await;
+    assert!(!singletons[0].is_hosting() && !singletons[1].is_hosting());
+    within(
+        "n0 hosts again",
+        BACKOFF.as_secs() + 15,
+        singletons[0].wait_hosting(true),
+    )
+    .await;
     let (host, got) = within(
         "the new instance answers",
         10,
@@ -821,5 +840,53 @@ async fn an_instance_that_stops_on_its_own_is_started_again() {
     );
     let log = within("the log", 5, witness.wait_log(3)).await;
     assert_eq!(log, ["start n0", "stop n0", "start n0"]);
+    // The restart waited out the backoff, counted from the moment the old instance was
+    // reaped (after its `stopped` hook ran) until the new one was made.
+    let stopped = witness.stops.lock()[0];
+    let restarted = witness.views.lock()[1].2;
+    let waited = restarted.saturating_duration_since(stopped);
+    assert!(waited >= BACKOFF, "restarted {waited:?} after the stop");
+    stop_all(&nodes).await;
+}
+
+/// A host whose instance stopped on its own and that leaves while it waits out the restart
+/// backoff runs no instance: it confirms the hand-over (`HandedOver`) as a leaving node does,
+/// and the next host starts at once, not after the removal timeout (here 1 hour), with the
+/// messages its proxy buffered meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_leaves_while_its_instance_waits_for_a_restart_hands_over() {
+    let (nodes, _) = cluster_of(2, None).await;
+    let witness = Arc::new(Witness::default());
+    let hour = Duration::from_secs(3600);
+    let settings = SingletonSettings::new("counter")
+        .down_margin(MARGIN)
+        .removal_timeout(hour)
+        .restart_backoff(hour, hour);
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| start_singleton_with(&n.cluster, &witness, settings.clone()))
+        .collect();
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let n0 = nodes[0].id().clone();
+    let p1 = singletons[1].proxy();
+    sending_to(&p1, &n0).await;
+    p1.tell(Msg::Stop).unwrap();
+    within("n0 no longer hosts", 5, singletons[0].wait_hosting(false)).await;
+    within("n1's proxy waits", 5, p1.wait_host(|h| h.is_none())).await;
+    p1.tell(Msg::Add(1)).unwrap();
+    let leaver = nodes[0].cluster.clone();
+    let leave = tokio::spawn(async move { leaver.leave().await });
+    within("n1 hosts", 20, singletons[1].wait_hosting(true)).await;
+    let (host, got) = within(
+        "the new instance answers",
+        10,
+        p1.ask(Msg::Get, Duration::from_secs(5)),
+    )
+    .await
+    .expect("the new instance answers");
+    assert_eq!((host.as_str(), got), ("n1", vec![1]));
+    within("n0 left", 10, leave).await.unwrap();
+    let log = witness.log.lock().clone();
+    assert_eq!(log, ["start n0", "stop n0", "start n1"]);
     stop_all(&nodes).await;
 }

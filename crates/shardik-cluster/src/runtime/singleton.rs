@@ -54,9 +54,13 @@
 //! the hand-over (sent by a proxy that still took it for `Up`) is lost.
 //!
 //! **An instance that stops on its own** (it stopped itself, or its supervisor gave up) is
-//! replaced on the same host after a backoff: 1 s, doubled after every such stop up to 30 s,
-//! back to 1 s once an instance ran for 30 s (logged at `warn` with the reason). Meanwhile the
-//! host does not say it runs the instance, and proxies buffer as for a fenced host.
+//! replaced on the same host after a backoff
+//! ([`restart_backoff`](SingletonSettings::restart_backoff)): 1 s, doubled after every such
+//! stop up to 30 s, back to 1 s after an instance that ran for 30 s, however that one stopped
+//! (each stop is logged at `warn` with the reason). Meanwhile the host does not say it runs
+//! the instance, and proxies buffer as for a fenced host (it tells them `Paused` at once and
+//! on every tick, fenced or not); if it stops being the host meanwhile (it leaves), it
+//! confirms the hand-over at once.
 //!
 //! **Crash** of the host: it stays the oldest `Up` member while it is only unreachable (no
 //! second instance is started on a suspicion); once the split brain resolver marked it `Down`,
@@ -216,12 +220,14 @@ pub struct SingletonSettings {
     announce_interval: Duration,
     removal_timeout: Duration,
     down_margin: Duration,
+    restart_min: Duration,
+    restart_max: Duration,
 }
 
 impl SingletonSettings {
     /// A singleton named `name` (unique among the singletons of the cluster), on any member,
-    /// with a buffer of 1 000 messages, announced every 500 ms, a removal timeout of 5 s and a
-    /// down margin of 500 ms.
+    /// with a buffer of 1 000 messages, announced every 500 ms, a removal timeout of 5 s, a
+    /// down margin of 500 ms and a restart backoff of 1 s to 30 s.
     pub fn new(name: impl Into<String>) -> Self {
         SingletonSettings {
             name: name.into(),
@@ -230,6 +236,8 @@ impl SingletonSettings {
             announce_interval: Duration::from_millis(500),
             removal_timeout: Duration::from_secs(5),
             down_margin: Duration::from_millis(500),
+            restart_min: RESTART_MIN,
+            restart_max: RESTART_MAX,
         }
     }
 
@@ -270,6 +278,17 @@ impl SingletonSettings {
         self
     }
 
+    /// The wait before a new instance replaces one that stopped on its own (it stopped
+    /// itself, or its supervisor gave up): `min` the first time, doubled after every such stop
+    /// up to `max`, and `min` again once an instance ran for at least `max`, however it
+    /// stopped (default 1 s and 30 s). `min` is kept between 1 ms and 1 hour (zero would
+    /// restart a failing instance in a busy loop), `max` between `min` and 1 hour.
+    pub fn restart_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.restart_min = min.clamp(Duration::from_millis(1), MAX_SETTING);
+        self.restart_max = max.clamp(self.restart_min, MAX_SETTING);
+        self
+    }
+
     /// The singleton's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -299,8 +318,8 @@ enum WireMsg {
     Hosting(UniqueAddress),
     /// The sender runs no instance (any more).
     HandedOver(UniqueAddress),
-    /// The sender stopped its instance because it is fenced, and is still the host: wait for
-    /// its next `Hosting`.
+    /// The sender stopped its instance because it is fenced, or its instance stopped on its
+    /// own, and it is still the host: wait for its next `Hosting`.
     Paused(UniqueAddress),
 }
 
@@ -508,38 +527,9 @@ where
         A: Actor<Msg = M>,
         F: Fn() -> Props<A> + Send + Sync + 'static,
     {
-        let instance_path = format!("/system/singleton/{}", settings.name);
-        let manager_path = format!("/system/singleton/{}/manager", settings.name);
-        let rx = inbox::register::<WireMsg>(cluster.remote(), &manager_path, 1024);
-        let shared = Arc::new(Shared {
-            cluster: cluster.clone(),
-            settings,
-            instance_path,
-            manager_path,
-            proxy: Mutex::new(ProxyState {
-                host: None,
-                stale: false,
-                buffer: VecDeque::new(),
-                stopped: false,
-                dirty: false,
-            }),
-            host_tx: watch::channel(None).0,
-            hosting_tx: watch::channel(false).0,
-        });
-        let manager = Manager {
-            shared: shared.clone(),
-            factory: Box::new(factory),
-            instance: None,
-            paused: false,
-            view: SingletonView::new(
-                shared.settings.removal_timeout,
-                shared.settings.down_margin,
-                &[],
-            ),
-            started_at: Instant::now(),
-            restart_at: None,
-            backoff: RestartBackoff::new(),
-        };
+        let manager = Manager::new(cluster, settings, factory);
+        let shared = manager.shared.clone();
+        let rx = inbox::register::<WireMsg>(cluster.remote(), &shared.manager_path, 1024);
         tokio::spawn(manager.run(rx));
         ClusterSingleton { shared }
     }
@@ -681,8 +671,9 @@ struct Manager<A: Actor> {
     shared: Arc<Shared<A::Msg>>,
     factory: Factory<A>,
     instance: Option<ActorRef<A::Msg>>,
-    /// This node stopped its instance for a fence and has not run one since: it tells the
-    /// members so (`Paused`) on every announcement tick while fenced.
+    /// This node stopped its instance for a fence, or the instance stopped on its own, and
+    /// has not run one since (nor seen another member host): it tells the members so
+    /// (`Paused`) on every announcement tick while fenced, and while its restart backoff lasts.
     paused: bool,
     view: SingletonView,
     /// When the current instance was started (to reset the restart backoff).
@@ -693,29 +684,43 @@ struct Manager<A: Actor> {
     backoff: RestartBackoff,
 }
 
-/// The least and the most time between an instance that stopped on its own and the next.
+/// The default least and most time between an instance that stopped on its own and the next
+/// ([`SingletonSettings::restart_backoff`]).
 const RESTART_MIN: Duration = Duration::from_secs(1);
 const RESTART_MAX: Duration = Duration::from_secs(30);
 
-/// The wait before a new instance replaces one that stopped on its own: 1 s, doubled after
-/// every such stop up to 30 s, and back to 1 s for an instance that ran at least 30 s.
+/// The wait before a new instance replaces one that stopped on its own: `min`, doubled after
+/// every such stop up to `max`, and back to `min` after an instance that ran at least `max`
+/// (however it stopped).
 #[derive(Debug)]
 struct RestartBackoff {
+    min: Duration,
+    max: Duration,
     next: Duration,
 }
 
 impl RestartBackoff {
-    fn new() -> Self {
-        RestartBackoff { next: RESTART_MIN }
+    fn new(min: Duration, max: Duration) -> Self {
+        RestartBackoff {
+            min,
+            max,
+            next: min,
+        }
+    }
+
+    /// An instance stopped, however (on its own, for a fence, a hand-over), after running
+    /// `ran`: a long run ends the backoff.
+    fn on_ended(&mut self, ran: Duration) {
+        if ran >= self.max {
+            self.next = self.min;
+        }
     }
 
     /// An instance stopped on its own after running `ran`: how long to wait before the next.
     fn on_stopped(&mut self, ran: Duration) -> Duration {
-        if ran >= RESTART_MAX {
-            self.next = RESTART_MIN;
-        }
+        self.on_ended(ran);
         let delay = self.next;
-        self.next = (self.next * 2).min(RESTART_MAX);
+        self.next = self.next.saturating_mul(2).min(self.max);
         delay
     }
 }
@@ -725,6 +730,46 @@ where
     A: Actor,
     A::Msg: Serialize + DeserializeOwned + Send + 'static,
 {
+    /// A manager of the singleton `settings.name` on `cluster`'s node, not running yet.
+    fn new<F>(cluster: &Cluster, settings: SingletonSettings, factory: F) -> Self
+    where
+        F: Fn() -> Props<A> + Send + Sync + 'static,
+    {
+        let instance_path = format!("/system/singleton/{}", settings.name);
+        let manager_path = format!("/system/singleton/{}/manager", settings.name);
+        let shared = Arc::new(Shared {
+            cluster: cluster.clone(),
+            settings,
+            instance_path,
+            manager_path,
+            proxy: Mutex::new(ProxyState {
+                host: None,
+                stale: false,
+                buffer: VecDeque::new(),
+                stopped: false,
+                dirty: false,
+            }),
+            host_tx: watch::channel(None).0,
+            hosting_tx: watch::channel(false).0,
+        });
+        let view = SingletonView::new(
+            shared.settings.removal_timeout,
+            shared.settings.down_margin,
+            &[],
+        );
+        let backoff = RestartBackoff::new(shared.settings.restart_min, shared.settings.restart_max);
+        Manager {
+            shared,
+            factory: Box::new(factory),
+            instance: None,
+            paused: false,
+            view,
+            started_at: Instant::now(),
+            restart_at: None,
+            backoff,
+        }
+    }
+
     async fn run(mut self, mut rx: mpsc::Receiver<WireMsg>) {
         let cluster = self.shared.cluster.clone();
         let mut events = cluster.subscribe();
@@ -872,11 +917,12 @@ where
                 // cannot reach this node wait anyway (an unreachable host is paused).
                 self.send_all(state, WireMsg::Paused(state.self_node.clone()));
             } else if self.paused && announce {
+                // Also after an instance that stopped on its own (reaped, maybe in this very
+                // step, with one copy sent; a review of cd7253e found it was not repeated).
                 self.send_all(state, WireMsg::Paused(state.self_node.clone()));
             }
             return;
         }
-        self.paused = false;
         match (&decision, self.instance.is_some()) {
             (SingletonDecision::Host, false) => {
                 if self.restart_at.is_none() {
@@ -899,12 +945,19 @@ where
                 self.send_all(state, WireMsg::HandedOver(state.self_node.clone()));
             }
             (_, false) => {
-                // A node on its way out confirms (again) that it runs no instance, in case
+                // This node was the host without an instance (reaped now, or paused: stopped
+                // for a fence or waiting out a restart backoff) and no longer is: it confirms
+                // at once that it runs none, as a host that stops its instance does. Otherwise
+                // a node that leaves would only confirm on its next tick, which may never
+                // come (it can be gone within 100 ms), and the next host would wait for the
+                // removal timeout. A node on its way out confirms again on every tick, in case
                 // the first confirmation was lost.
+                let was_host = reaped || self.paused;
+                self.paused = false;
                 let leaving = state.self_member().is_none_or(|m| {
                     matches!(m.status, MemberStatus::Leaving | MemberStatus::Exiting)
                 });
-                if reaped || (announce && leaving) {
+                if was_host || (announce && leaving) {
                     self.send_all(state, WireMsg::HandedOver(state.self_node.clone()));
                 }
             }
@@ -922,8 +975,8 @@ where
 
     /// Forgets an instance that stopped on its own (not stopped by this manager, which takes
     /// it first): this node no longer runs it, its proxies wait for the next `Hosting`
-    /// (`Paused`, like a fenced host) and a new one starts after a backoff. Returns whether
-    /// it did.
+    /// (`Paused`, like a fenced host, told again on every tick) and a new one starts after a
+    /// backoff. Returns whether it did.
     async fn reap_instance(&mut self, state: &ClusterState) -> bool {
         let Some(actor) = self.instance.take_if(|a| a.is_terminated()) else {
             return false;
@@ -937,6 +990,9 @@ where
         self.shared.hosting_tx.send_replace(false);
         let delay = self.backoff.on_stopped(self.started_at.elapsed());
         self.restart_at = Some(Instant::now() + delay);
+        // Repeated on every announcement tick until an instance runs again, also while the
+        // node is fenced (the first copy may be lost).
+        self.paused = true;
         if self.shared.cluster.remote().system().is_shutting_down() {
             tracing::debug!(
                 singleton = self.shared.settings.name,
@@ -974,6 +1030,7 @@ where
             .register(&self.shared.instance_path, actor.clone());
         tracing::info!(singleton = self.shared.settings.name, node = %state.self_node.node_id, "singleton instance started");
         self.instance = Some(actor.clone());
+        self.paused = false;
         self.started_at = Instant::now();
         self.shared.hosting_tx.send_replace(true);
         self.shared
@@ -987,6 +1044,9 @@ where
         let Some(actor) = self.instance.take() else {
             return;
         };
+        // An instance that ran long enough ends a restart backoff, whatever stops it (one that
+        // stops on its own is reaped instead, and counted there).
+        self.backoff.on_ended(self.started_at.elapsed());
         let self_node = self.shared.cluster.self_node().clone();
         self.shared.clear_host_if(&self_node);
         self.shared
@@ -1100,18 +1160,233 @@ mod tests {
         assert_eq!(s.down_margin, MAX_SETTING);
         let s = SingletonSettings::new("x").announce_interval(Duration::MAX);
         assert_eq!(s.announce_interval, MAX_SETTING);
+        // A zero backoff would restart a failing instance in a busy loop; a bound below the
+        // start is the start.
+        let s = SingletonSettings::new("x").restart_backoff(Duration::ZERO, Duration::ZERO);
+        assert_eq!(s.restart_min, Duration::from_millis(1));
+        assert_eq!(s.restart_max, Duration::from_millis(1));
+        let s = SingletonSettings::new("x").restart_backoff(Duration::MAX, Duration::MAX);
+        assert_eq!((s.restart_min, s.restart_max), (MAX_SETTING, MAX_SETTING));
+        let s = SingletonSettings::new("x");
+        assert_eq!((s.restart_min, s.restart_max), (RESTART_MIN, RESTART_MAX));
     }
 
     /// An instance that stops on its own is replaced after 1 s, then 2, 4, ... up to 30 s
-    /// while it keeps stopping soon, and after 1 s again once one ran for 30 s.
+    /// while it keeps stopping soon, and after 1 s again once one ran for 30 s, also one that
+    /// was stopped for another reason (a fence, a hand-over).
     #[test]
     fn restart_backoff_doubles_up_to_a_bound_and_resets_after_a_long_run() {
-        let mut b = RestartBackoff::new();
+        let mut b = RestartBackoff::new(RESTART_MIN, RESTART_MAX);
         let short = Duration::from_millis(10);
         let delays: Vec<u64> = (0..7).map(|_| b.on_stopped(short).as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
         assert_eq!(b.on_stopped(RESTART_MAX), RESTART_MIN);
         assert_eq!(b.on_stopped(short), 2 * RESTART_MIN);
+        // A short run stopped otherwise changes nothing; a long one ends the backoff.
+        b.on_ended(short);
+        assert_eq!(b.on_stopped(short), 4 * RESTART_MIN);
+        b.on_ended(RESTART_MAX);
+        assert_eq!(b.on_stopped(short), RESTART_MIN);
+    }
+
+    /// An instance of the manager tests: it stops itself on any message.
+    struct Quitter;
+
+    impl Actor for Quitter {
+        type Msg = ();
+        async fn handle(
+            &mut self,
+            _: (),
+            ctx: &mut shardik_actor::Context<Self>,
+        ) -> Result<(), shardik_actor::ActorError> {
+            ctx.stop();
+            Ok(())
+        }
+    }
+
+    /// Two nodes of one cluster, `a` (formed it: the oldest) and `b`; a manager on `a` that
+    /// the test steps itself with states it chooses (it does not run); and what `b` is told
+    /// by that manager.
+    struct Rig {
+        systems: Vec<shardik_actor::ActorSystem>,
+        a: Cluster,
+        manager: Manager<Quitter>,
+        to_b: mpsc::Receiver<WireMsg>,
+    }
+
+    impl Rig {
+        async fn new(settings: SingletonSettings) -> Rig {
+            use super::super::ClusterConfig;
+            let config = |id: &str| {
+                ClusterConfig::new("unit", id)
+                    .secret(b"singleton unit tests, a secret of 32 bytes or more".to_vec())
+            };
+            let systems = vec![
+                shardik_actor::ActorSystem::new("a"),
+                shardik_actor::ActorSystem::new("b"),
+            ];
+            let a = Cluster::start(&systems[0], config("a")).await.unwrap();
+            let seed = a.self_node().address.clone();
+            let b = Cluster::start(&systems[1], config("b").seed_nodes([seed]))
+                .await
+                .unwrap();
+            let both = [a.self_node().clone(), b.self_node().clone()];
+            for c in [&a, &b] {
+                let up = c.wait_until(|s| s.all_up(&both));
+                tokio::time::timeout(Duration::from_secs(20), up)
+                    .await
+                    .expect("both nodes up");
+            }
+            let manager = Manager::new(&a, settings, || Props::new(|| Quitter));
+            let to_b = inbox::register(b.remote(), &manager.shared.manager_path, 64);
+            Rig {
+                systems,
+                a,
+                manager,
+                to_b,
+            }
+        }
+
+        /// `a`'s state, fenced or not.
+        fn state(&self, fenced: bool) -> ClusterState {
+            let mut s = self.a.state();
+            assert_eq!(
+                decide(&s.members, &s.self_node, None, &none()),
+                SingletonDecision::Host
+            );
+            s.fenced = fenced;
+            s
+        }
+
+        /// The instance stops itself; returns once it has.
+        async fn instance_stops_itself(&self) {
+            let actor = self.manager.instance.clone().expect("an instance runs");
+            actor.tell(());
+            actor.terminated().await;
+        }
+
+        /// The next message `b` got: `what` from `a`.
+        async fn b_is_told(&mut self, what: &str) {
+            let a = self.a.self_node().clone();
+            let next = tokio::time::timeout(Duration::from_secs(10), self.to_b.recv()).await;
+            match next {
+                Ok(Some(WireMsg::Hosting(n))) if what == "Hosting" && n == a => {}
+                Ok(Some(WireMsg::Paused(n))) if what == "Paused" && n == a => {}
+                Ok(Some(WireMsg::HandedOver(n))) if what == "HandedOver" && n == a => {}
+                other => panic!("b was to be told {what} by a, got {other:?}"),
+            }
+        }
+
+        async fn end(self) {
+            for s in &self.systems {
+                if let Some(c) = Cluster::get(s) {
+                    c.shutdown().await;
+                }
+                s.shutdown().await;
+            }
+        }
+    }
+
+    /// An instance that stops on its own while its node is fenced, or before (during the
+    /// restart backoff), is not running for the proxies that reach the node: the node tells
+    /// them `Paused` on every announcement tick while fenced, not once (a review of cd7253e
+    /// found the fenced branch repeated it only for an instance it had stopped itself, so a
+    /// proxy that lost the one copy sent to the dead path until the fence lifted).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn paused_is_told_on_every_tick_while_fenced_after_an_instance_stopped_on_its_own() {
+        // No restart within the test.
+        let settings = SingletonSettings::new("q").restart_backoff(MAX_SETTING, MAX_SETTING);
+        let mut rig = Rig::new(settings).await;
+        let (up, fenced) = (rig.state(false), rig.state(true));
+        rig.manager.step(&up, false).await;
+        rig.b_is_told("Hosting").await;
+        // Reaped in the step that first sees the fence.
+        rig.instance_stops_itself().await;
+        rig.manager.step(&fenced, false).await;
+        rig.b_is_told("Paused").await;
+        rig.manager.step(&fenced, true).await;
+        rig.b_is_told("Paused").await;
+        // Fence lifted, still in the backoff: told on every tick; fenced again: still told.
+        rig.manager.step(&up, true).await;
+        rig.b_is_told("Paused").await;
+        rig.manager.step(&fenced, true).await;
+        rig.b_is_told("Paused").await;
+        assert!(rig.manager.instance.is_none());
+        rig.end().await;
+    }
+
+    /// `a`'s state with `a` leaving: `b` is the oldest `Up` member.
+    fn leaving(rig: &Rig) -> ClusterState {
+        let mut s = rig.a.state();
+        let me = s.self_node.clone();
+        for m in s.members.iter_mut().filter(|m| m.node == me) {
+            m.status = MemberStatus::Leaving;
+        }
+        assert!(matches!(
+            decide(&s.members, &me, None, &none()),
+            SingletonDecision::NotOldest(Some(_))
+        ));
+        s
+    }
+
+    /// A host whose instance stopped on its own confirms the hand-over (`HandedOver`) in the
+    /// step that sees it leave, not only on the next tick: whether the instance is reaped in
+    /// that very step, or stopped earlier and the node waits out the restart backoff (found
+    /// while testing the review of cd7253e: a leave is over within 100 ms, before any tick, and
+    /// the next host waited for the removal timeout).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_host_without_an_instance_that_leaves_confirms_the_hand_over_at_once() {
+        let settings = SingletonSettings::new("q").restart_backoff(MAX_SETTING, MAX_SETTING);
+        let mut rig = Rig::new(settings).await;
+        let (up, leaving) = (rig.state(false), leaving(&rig));
+        // Reaped in the step that first sees the leave.
+        rig.manager.step(&up, false).await;
+        rig.b_is_told("Hosting").await;
+        rig.instance_stops_itself().await;
+        rig.manager.step(&leaving, false).await;
+        rig.b_is_told("Paused").await;
+        rig.b_is_told("HandedOver").await;
+        // Reaped before, waiting out the backoff when the leave is seen.
+        rig.manager.restart_at = None;
+        rig.manager.step(&up, false).await;
+        rig.b_is_told("Hosting").await;
+        rig.instance_stops_itself().await;
+        rig.manager.step(&up, false).await;
+        rig.b_is_told("Paused").await;
+        rig.manager.step(&leaving, false).await;
+        rig.b_is_told("HandedOver").await;
+        rig.end().await;
+    }
+
+    /// An instance that ran for the backoff's bound ends a restart backoff also when the
+    /// manager stops it (here for a fence): the next one that stops on its own soon is
+    /// replaced after the least wait (a review of cd7253e found only a long run ended by the
+    /// instance itself reset it, so a crash after an hour-long run that a fence ended waited
+    /// the longest wait).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_run_ends_the_restart_backoff_however_the_instance_stopped() {
+        let (min, max) = (Duration::from_millis(10), Duration::from_millis(200));
+        let settings = SingletonSettings::new("q").restart_backoff(min, max);
+        let mut rig = Rig::new(settings).await;
+        let (up, fenced) = (rig.state(false), rig.state(true));
+        rig.manager.step(&up, false).await;
+        assert!(rig.manager.instance.is_some());
+        // As after a crash loop.
+        rig.manager.backoff.next = max;
+        tokio::time::sleep(max).await;
+        rig.manager.step(&fenced, false).await;
+        assert!(rig.manager.instance.is_none(), "stopped for the fence");
+        rig.manager.step(&up, false).await;
+        assert!(rig.manager.instance.is_some(), "started again, no backoff");
+        rig.instance_stops_itself().await;
+        rig.manager.step(&up, false).await;
+        assert!(rig.manager.restart_at.is_some() || rig.manager.instance.is_some());
+        assert_eq!(
+            rig.manager.backoff.next,
+            2 * min,
+            "the stop after a short run waited {min:?}, not {max:?}"
+        );
+        rig.end().await;
     }
 
     /// During a hand-over the instance stops at once when the node is fenced (a `Down` node
