@@ -920,6 +920,8 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
     let mut duplicate_wait = node.cfg.backoff_min;
     // Dials refused as duplicates since the lane was last connected.
     let mut duplicates = 0u64;
+    // The last dial was refused as a duplicate (the peer answered: it is reachable).
+    let mut refused_last = false;
     let mut failures = 0u64;
     // When the dials of the current run of failures began (dials refused as duplicates that
     // left the lane unconnected included).
@@ -960,9 +962,17 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
                 duplicates = 0;
                 failures = 0;
                 failing_since = None;
+                refused_last = false;
             }
             Err(RemoteError::Handshake(e)) if is_duplicate(&e) => {
                 duplicates += 1;
+                if !refused_last {
+                    // The peer answered this dial: failures before it (an outage) end here,
+                    // and a run of refusals starts afresh, so a tie-break right after an
+                    // outage does not give up what waits at once.
+                    failing_since = Some(dialed_at);
+                    refused_last = true;
+                }
                 if duplicates == DUPLICATES_BEFORE_WARNING {
                     tracing::warn!(
                         node = %node.local.me.node_id,
@@ -988,6 +998,7 @@ async fn dial_loop(node: Arc<Node>, peer: Arc<Peer>, lane: Lane) {
             }
             Err(e) => {
                 failures += 1;
+                refused_last = false;
                 node.counters.bump(
                     &node.counters.dial_failures,
                     "shardik_remote_dial_failures_total",
