@@ -131,6 +131,20 @@ fn start_everywhere(nodes: &[Node]) -> (Arc<Witness>, Vec<ClusterSingleton<Msg>>
     (witness, singletons)
 }
 
+/// The counter singleton started on every node with `settings`, once n0 hosts it.
+async fn hosted_everywhere_with(
+    nodes: &[Node],
+    settings: SingletonSettings,
+) -> (Arc<Witness>, Vec<ClusterSingleton<Msg>>) {
+    let witness = Arc::new(Witness::default());
+    let singletons: Vec<_> = nodes
+        .iter()
+        .map(|n| start_singleton_with(&n.cluster, &witness, settings.clone()))
+        .collect();
+    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    (witness, singletons)
+}
+
 fn start_singleton_with(
     cluster: &Cluster,
     witness: &Arc<Witness>,
@@ -492,17 +506,10 @@ async fn proxy_buffer_is_bounded_while_no_instance_is_known() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_instance_on_a_leaving_host_never_overlaps_the_next() {
     let (nodes, _) = cluster_of(3, None).await;
-    let witness = Arc::new(Witness::default());
-    let settings = || {
-        SingletonSettings::new("counter")
-            .down_margin(MARGIN)
-            .removal_timeout(Duration::from_secs(2))
-    };
-    let singletons: Vec<_> = nodes
-        .iter()
-        .map(|n| start_singleton_with(&n.cluster, &witness, settings()))
-        .collect();
-    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let settings = SingletonSettings::new("counter")
+        .down_margin(MARGIN)
+        .removal_timeout(Duration::from_secs(2));
+    let (witness, singletons) = hosted_everywhere_with(&nodes, settings).await;
     // 300 messages of 50 ms: a 15 s backlog on the host.
     let proxy = singletons[0].proxy();
     for i in 0..300 {
@@ -679,19 +686,12 @@ async fn a_leaving_host_downed_during_its_hand_over_stops_its_instance_at_once()
         }
     })
     .await;
-    let witness = Arc::new(Witness::default());
     // Half the removal timeout, the longest drain, is far beyond the margin.
-    let settings = || {
-        SingletonSettings::new("counter")
-            .role("host")
-            .down_margin(MARGIN)
-            .removal_timeout(Duration::from_secs(60))
-    };
-    let singletons: Vec<_> = nodes
-        .iter()
-        .map(|n| start_singleton_with(&n.cluster, &witness, settings()))
-        .collect();
-    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let settings = SingletonSettings::new("counter")
+        .role("host")
+        .down_margin(MARGIN)
+        .removal_timeout(Duration::from_secs(60));
+    let (witness, singletons) = hosted_everywhere_with(&nodes, settings).await;
     for other in ["n0", "n1", "n2"] {
         faults.cut_both("n3", other);
     }
@@ -762,17 +762,10 @@ async fn a_leaving_host_downed_during_its_hand_over_stops_its_instance_at_once()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_shut_down_with_a_backlog_stops_its_instance_at_once() {
     let (nodes, _) = cluster_of(2, None).await;
-    let witness = Arc::new(Witness::default());
-    let settings = || {
-        SingletonSettings::new("counter")
-            .down_margin(MARGIN)
-            .removal_timeout(Duration::from_secs(60))
-    };
-    let singletons: Vec<_> = nodes
-        .iter()
-        .map(|n| start_singleton_with(&n.cluster, &witness, settings()))
-        .collect();
-    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let settings = SingletonSettings::new("counter")
+        .down_margin(MARGIN)
+        .removal_timeout(Duration::from_secs(60));
+    let (witness, singletons) = hosted_everywhere_with(&nodes, settings).await;
     // A 30 s backlog.
     let proxy = singletons[0].proxy();
     for i in 0..600 {
@@ -796,15 +789,10 @@ async fn a_host_shut_down_with_a_backlog_stops_its_instance_at_once() {
 async fn an_instance_that_stops_on_its_own_is_started_again() {
     const BACKOFF: Duration = Duration::from_secs(30);
     let (nodes, _) = cluster_of(2, None).await;
-    let witness = Arc::new(Witness::default());
     let settings = SingletonSettings::new("counter")
         .down_margin(MARGIN)
         .restart_backoff(BACKOFF, 2 * BACKOFF);
-    let singletons: Vec<_> = nodes
-        .iter()
-        .map(|n| start_singleton_with(&n.cluster, &witness, settings.clone()))
-        .collect();
-    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let (witness, singletons) = hosted_everywhere_with(&nodes, settings).await;
     let n0 = nodes[0].id().clone();
     let (p0, p1) = (singletons[0].proxy(), singletons[1].proxy());
     sending_to(&p1, &n0).await;
@@ -856,17 +844,12 @@ async fn an_instance_that_stops_on_its_own_is_started_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_leaves_while_its_instance_waits_for_a_restart_hands_over() {
     let (nodes, _) = cluster_of(2, None).await;
-    let witness = Arc::new(Witness::default());
     let hour = Duration::from_secs(3600);
     let settings = SingletonSettings::new("counter")
         .down_margin(MARGIN)
         .removal_timeout(hour)
         .restart_backoff(hour, hour);
-    let singletons: Vec<_> = nodes
-        .iter()
-        .map(|n| start_singleton_with(&n.cluster, &witness, settings.clone()))
-        .collect();
-    within("n0 hosts", 5, singletons[0].wait_hosting(true)).await;
+    let (witness, singletons) = hosted_everywhere_with(&nodes, settings).await;
     let n0 = nodes[0].id().clone();
     let p1 = singletons[1].proxy();
     sending_to(&p1, &n0).await;
