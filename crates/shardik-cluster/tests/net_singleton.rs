@@ -131,6 +131,13 @@ fn start_everywhere(nodes: &[Node]) -> (Arc<Witness>, Vec<ClusterSingleton<Msg>>
     (witness, singletons)
 }
 
+/// Tells `proxy` `messages` messages of 50 ms each: a backlog for the instance.
+fn backlog(proxy: &SingletonProxy<Msg>, messages: u64) {
+    for i in 0..messages {
+        proxy.tell(Msg::Slow(i, 50)).unwrap();
+    }
+}
+
 /// The counter singleton started on every node with `settings`, once n0 hosts it.
 async fn hosted_everywhere_with(
     nodes: &[Node],
@@ -512,9 +519,7 @@ async fn a_busy_instance_on_a_leaving_host_never_overlaps_the_next() {
     let (witness, singletons) = hosted_everywhere_with(&nodes, settings).await;
     // 300 messages of 50 ms: a 15 s backlog on the host.
     let proxy = singletons[0].proxy();
-    for i in 0..300 {
-        proxy.tell(Msg::Slow(i, 50)).unwrap();
-    }
+    backlog(&proxy, 300);
     let leaver = nodes[0].cluster.clone();
     let started = Instant::now();
     let leave = tokio::spawn(async move { leaver.leave().await });
@@ -707,9 +712,7 @@ async fn a_leaving_host_downed_during_its_hand_over_stops_its_instance_at_once()
     }
     // 600 messages of 50 ms: a 30 s backlog on the host.
     let proxy = singletons[0].proxy();
-    for i in 0..600 {
-        proxy.tell(Msg::Slow(i, 50)).unwrap();
-    }
+    backlog(&proxy, 600);
     let leaver = nodes[0].cluster.clone();
     let leave = tokio::spawn(async move { leaver.leave().await });
     let n0 = nodes[0].id().clone();
@@ -768,9 +771,7 @@ async fn a_host_shut_down_with_a_backlog_stops_its_instance_at_once() {
     let (witness, singletons) = hosted_everywhere_with(&nodes, settings).await;
     // A 30 s backlog.
     let proxy = singletons[0].proxy();
-    for i in 0..600 {
-        proxy.tell(Msg::Slow(i, 50)).unwrap();
-    }
+    backlog(&proxy, 600);
     nodes[0].cluster.shutdown().await;
     within("n0's instance stops", 5, singletons[0].wait_hosting(false)).await;
     let log = within("the instance stops", 5, witness.wait_log(2)).await;

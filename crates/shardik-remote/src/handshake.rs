@@ -467,6 +467,19 @@ mod tests {
 
     use std::time::Duration;
 
+    type Reader = FramedRead<tokio::io::ReadHalf<tokio::io::DuplexStream>, BodyCodec>;
+    type Writer = tokio::io::WriteHalf<tokio::io::DuplexStream>;
+
+    /// Both ends of an in-memory connection: the dialer's reader and writer, then the
+    /// acceptor's.
+    fn wire() -> (Reader, Writer, Reader, Writer) {
+        let (cs, as_) = tokio::io::duplex(4096);
+        let (cr, cw) = tokio::io::split(cs);
+        let (ar, aw) = tokio::io::split(as_);
+        let framed = |r| FramedRead::new(r, BodyCodec::default());
+        (framed(cr), cw, framed(ar), aw)
+    }
+
     fn soon() -> tokio::time::Instant {
         tokio::time::Instant::now() + Duration::from_secs(5)
     }
@@ -478,11 +491,7 @@ mod tests {
         Result<NodeIdentity, HandshakeError>,
         Result<(NodeIdentity, Lane), HandshakeError>,
     ) {
-        let (cs, as_) = tokio::io::duplex(4096);
-        let (cr, mut cw) = tokio::io::split(cs);
-        let (ar, mut aw) = tokio::io::split(as_);
-        let mut cr = FramedRead::new(cr, BodyCodec::default());
-        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        let (mut cr, mut cw, mut ar, mut aw) = wire();
         tokio::join!(
             connect(&mut cr, &mut cw, &c, Lane::User, soon()),
             accept(&mut ar, &mut aw, &a, soon(), |_, _| Ok(()))
@@ -585,11 +594,7 @@ mod tests {
         assert_eq!(c.unwrap_err().reason(), Some(RejectReason::Protocol));
         // The dialing side refuses on its own too: an acceptor that answers with this node's
         // identity and the very proof this node's accepting side would give.
-        let (cs, as_) = tokio::io::duplex(4096);
-        let (cr, mut cw) = tokio::io::split(cs);
-        let (ar, mut aw) = tokio::io::split(as_);
-        let mut cr = FramedRead::new(cr, BodyCodec::default());
-        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        let (mut cr, mut cw, mut ar, mut aw) = wire();
         let reflect = async {
             let body = ar.next().await.unwrap().unwrap();
             let Frame::Hello(hello) = Frame::decode_body(body).unwrap() else {
@@ -653,11 +658,7 @@ mod tests {
 
     #[tokio::test]
     async fn admission_can_refuse_a_duplicate() {
-        let (cs, as_) = tokio::io::duplex(4096);
-        let (cr, mut cw) = tokio::io::split(cs);
-        let (ar, mut aw) = tokio::io::split(as_);
-        let mut cr = FramedRead::new(cr, BodyCodec::default());
-        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        let (mut cr, mut cw, mut ar, mut aw) = wire();
         let c = Local::for_test("c", "k", b"s");
         let a = Local::for_test("a", "k", b"s");
         let (c, a) = tokio::join!(
@@ -681,11 +682,7 @@ mod tests {
             detail: "mine".into(),
         });
         // In place of the challenge.
-        let (cs, as_) = tokio::io::duplex(4096);
-        let (cr, mut cw) = tokio::io::split(cs);
-        let (ar, mut aw) = tokio::io::split(as_);
-        let mut cr = FramedRead::new(cr, BodyCodec::default());
-        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        let (mut cr, mut cw, mut ar, mut aw) = wire();
         let c = Local::for_test("c", "k", b"s");
         let fake = async {
             ar.next().await.unwrap().unwrap();
@@ -704,11 +701,7 @@ mod tests {
             "{e}"
         );
         // In place of the response.
-        let (cs, as_) = tokio::io::duplex(4096);
-        let (cr, mut cw) = tokio::io::split(cs);
-        let (ar, mut aw) = tokio::io::split(as_);
-        let mut cr = FramedRead::new(cr, BodyCodec::default());
-        let mut ar = FramedRead::new(ar, BodyCodec::default());
+        let (mut cr, mut cw, mut ar, mut aw) = wire();
         let a = Local::for_test("a", "k", b"s");
         let fake = async {
             let hello = Frame::Hello(Hello {
