@@ -93,7 +93,11 @@ impl DowningConfig {
     /// Akka's bound for [`down_all_when_unstable`](Self::down_all_when_unstable): three
     /// quarters of `stable_after`, at least 4 s.
     pub fn akka_unstable_bound(&self) -> Duration {
-        (self.stable_after * 3 / 4).max(Duration::from_secs(4))
+        let three_quarters = match self.stable_after.checked_mul(3) {
+            Some(d) => d / 4,
+            None => self.stable_after / 4 * 3,
+        };
+        three_quarters.max(Duration::from_secs(4))
     }
 }
 

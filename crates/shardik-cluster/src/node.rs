@@ -193,9 +193,15 @@ impl MembershipNode {
     /// of the live members, **and** its view has converged (every `Up` or `Leaving` member
     /// has seen it, every unreachable member is `Down` or `Exiting`): a member that downed
     /// it meanwhile holds that decision in any view it has seen, so the decision reaches this
-    /// node before it runs anything again. A `Down` node stays fenced.
+    /// node before it runs anything again. A `Down` node stays fenced, and so does one that
+    /// was a member and learnt that it was removed (it is shutting down).
     pub fn is_fenced(&self) -> bool {
-        self.fence.active || matches!(self.status(), Some(MemberStatus::Down))
+        self.fence.active || matches!(self.status(), Some(MemberStatus::Down)) || self.removed()
+    }
+
+    /// Was a member and is not any more: removed (it shuts down).
+    fn removed(&self) -> bool {
+        self.was_member && !self.is_member()
     }
 
     /// The peers whose heartbeats this node checks.
@@ -280,7 +286,8 @@ impl MembershipNode {
                     if others.is_empty() {
                         self.now
                     } else {
-                        self.now + self.config.seed_node_timeout.as_millis() as u64
+                        self.now
+                            .saturating_add(millis(self.config.seed_node_timeout))
                     }
                 });
                 self.seeds = others;
@@ -359,7 +366,7 @@ impl MembershipNode {
         if self.seeds.is_empty() || self.now < self.next_join {
             return;
         }
-        self.next_join = self.now + self.config.join_retry.as_millis() as u64;
+        self.next_join = self.now.saturating_add(millis(self.config.join_retry));
         for seed in &self.seeds {
             out.push(Action::SendJoin(seed.clone()));
         }
@@ -390,14 +397,15 @@ impl MembershipNode {
             .member(me)
             .is_some_and(|m| matches!(m.status, MemberStatus::Joining | MemberStatus::WeaklyUp));
         let window = millis(self.config.prune_tombstones_after) / 2;
-        let retry = self.config.join_retry.as_millis() as u64;
+        let retry = millis(self.config.join_retry);
         let in_window = self.member_since.is_some_and(|since| {
-            self.now >= since.saturating_add(2 * retry) && self.now < since.saturating_add(window)
+            self.now >= since.saturating_add(retry.saturating_mul(2))
+                && self.now < since.saturating_add(window)
         });
         if !joining || !in_window || self.now < self.next_join {
             return;
         }
-        self.next_join = self.now + retry;
+        self.next_join = self.now.saturating_add(retry);
         let unaware: Vec<&UniqueAddress> = self
             .gossip
             .members()
@@ -615,7 +623,7 @@ impl MembershipNode {
             self.not_converged_since = Some(now);
         }
         let weakly_up = match (self.config.weakly_up_after, self.not_converged_since) {
-            (Some(after), Some(since)) => now.saturating_sub(since) >= after.as_millis() as u64,
+            (Some(after), Some(since)) => now.saturating_sub(since) >= millis(after),
             _ => false,
         };
         let removed_before: BTreeSet<_> = self.gossip.tombstones().keys().cloned().collect();
@@ -632,7 +640,7 @@ impl MembershipNode {
         }
         // Gossip round.
         if now >= self.next_gossip {
-            self.next_gossip = now + self.config.gossip_interval.as_millis() as u64;
+            self.next_gossip = now.saturating_add(millis(self.config.gossip_interval));
             if let Some(to) = self.gossip_target() {
                 out.push(Action::SendGossip(to, Box::new(self.gossip.clone())));
             }
@@ -804,7 +812,7 @@ impl MembershipNode {
         }
         // Watched peers this node lost: flagged by its detector, or silent for `fence_after`
         // (a hard bound that does not grow with the detector's variance on a busy machine).
-        let fence_after = self.config.fence_after.as_millis() as u64;
+        let fence_after = millis(self.config.fence_after);
         let lost: Vec<&UniqueAddress> = self
             .detectors
             .iter()
@@ -866,6 +874,11 @@ impl MembershipNode {
     }
 
     fn update_fence(&mut self, out: &mut Vec<Action>) {
+        if self.removed() {
+            // Out of the cluster: nothing is lifted on the way out (its own view no longer
+            // holds it, so `losing` says nothing).
+            return;
+        }
         let was = self.fence.active;
         if self.losing() {
             self.fence.active = true;

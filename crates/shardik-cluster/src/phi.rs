@@ -103,10 +103,10 @@ impl PhiAccrualDetector {
         match self.last {
             None => {
                 // Seed with the estimate: mean = estimate, std-dev = estimate / 4.
-                let mean = self.config.first_heartbeat_estimate.as_millis() as u64;
+                let mean = crate::node::millis(self.config.first_heartbeat_estimate);
                 let sd = mean / 4;
                 self.push(mean - sd);
-                self.push(mean + sd);
+                self.push(mean.saturating_add(sd));
             }
             Some(last) => {
                 // The gap of an outage (the peer was taken for unavailable) is not a

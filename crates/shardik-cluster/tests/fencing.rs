@@ -196,6 +196,72 @@ fn node_that_can_speak_but_not_hear_is_fenced_before_it_is_downed() {
     });
 }
 
+/// A fenced node that learns it was removed stays fenced until it stops, like a `Down` one:
+/// it must not run anything again. Node 3 is fenced (the others flag it), hears from two of
+/// them with the flags cleared (a majority with itself, but node 0 has not seen its view, so
+/// the fence stays), and then learns from node 0 that it was downed and removed. Before, it
+/// counted as losing nothing once it was not a member, and with gossip from a majority and a
+/// converged view (the others', which it had taken) it published `Unfenced` right before
+/// stopping.
+#[test]
+fn a_fenced_node_that_learns_it_was_removed_stays_fenced() {
+    use shardik_cluster::gossip::Gossip;
+    use shardik_cluster::leader::leader_actions;
+    use shardik_cluster::node::{MembershipNode, NodeConfig};
+    use shardik_cluster::protocol::{Action, Input};
+
+    let [a, b, c, x] = [0, 1, 2, 3].map(|i| uid(i, 1));
+    let mut g = Gossip::new();
+    for n in [&a, &b, &c, &x] {
+        g.add_joining(n.clone(), Default::default()).unwrap();
+    }
+    leader_actions(&mut g, &a, false);
+    g.touch(&a);
+    let mut node = MembershipNode::new(NodeConfig::new(x.clone()));
+    let gossip =
+        |node: &mut MembershipNode, from: &shardik_cluster::member::UniqueAddress, g: &Gossip| {
+            node.handle(Input::Gossip(from.clone(), Box::new(g.clone())))
+        };
+    gossip(&mut node, &a, &g);
+    assert_eq!(node.status(), Some(MemberStatus::Up));
+    assert!(!node.is_fenced());
+
+    // b and c flag x: the resolver on this view downs x.
+    g.reachability_mut().unreachable(&b, &x);
+    g.reachability_mut().unreachable(&c, &x);
+    g.touch(&b);
+    let out = gossip(&mut node, &b, &g);
+    assert!(
+        out.contains(&Action::Event(ClusterEvent::Fenced)),
+        "{out:?}"
+    );
+
+    // The flags cleared; b and c (with x a majority of the four) send it, a has not seen it.
+    g.reachability_mut().reachable(&b, &x);
+    g.reachability_mut().reachable(&c, &x);
+    g.touch(&b);
+    gossip(&mut node, &b, &g);
+    g.mark_seen(&c);
+    gossip(&mut node, &c, &g);
+    assert!(node.is_fenced(), "lifted before a saw x's view");
+
+    // Meanwhile a downed and removed x; every remaining member has seen that.
+    g.set_status(&x, MemberStatus::Down).unwrap();
+    g.set_status(&x, MemberStatus::Removed).unwrap();
+    g.touch(&a);
+    g.mark_seen(&b);
+    g.mark_seen(&c);
+    assert!(g.convergence(&a));
+    let out = gossip(&mut node, &a, &g);
+    assert_eq!(node.status(), None);
+    assert!(out.contains(&Action::ShutdownSelf), "{out:?}");
+    assert!(
+        !out.contains(&Action::Event(ClusterEvent::Unfenced)),
+        "unfenced on its way out: {out:?}"
+    );
+    assert!(node.is_fenced());
+}
+
 /// Whether node `viewer` has `observer`'s flag on `subject`.
 fn flags(sim: &Sim, viewer: usize, observer: usize, subject: usize) -> bool {
     sim.node(viewer)

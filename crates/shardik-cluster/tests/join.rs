@@ -393,3 +393,45 @@ fn a_node_removed_and_forgotten_while_paused_downs_itself_when_it_wakes() {
     });
     assert!(sim.all_up(&[0, 1, 2], &all[..3]));
 }
+
+/// The sans-IO node takes any `NodeConfig` (only the runtime's `ClusterConfig` is
+/// validated): durations near `Duration::MAX` mean "never" rather than overflowing the
+/// deadlines computed from them (a panic in debug builds; in release builds a wrapped
+/// deadline that fired at once, so the first seed formed a cluster right away).
+#[test]
+fn durations_near_the_maximum_mean_never() {
+    use shardik_cluster::node::{MembershipNode, NodeConfig};
+    use shardik_cluster::protocol::{Action, Input};
+    let mut config = NodeConfig::new(uid(0, 1));
+    config.seed_node_timeout = Duration::MAX;
+    config.join_retry = Duration::MAX;
+    config.gossip_interval = Duration::MAX;
+    config.fence_after = Duration::MAX;
+    config.weakly_up_after = Some(Duration::MAX);
+    config.phi.first_heartbeat_estimate = Duration::MAX;
+    let mut first = MembershipNode::new(config.clone());
+    first.handle(Input::Tick(1_000));
+    let out = first.handle(Input::JoinSeeds(vec![addr(0), addr(1)]));
+    // Asks the other seed once, and waits for it "for ever".
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(matches!(&out[0], Action::SendJoin(a) if *a == addr(1)));
+    for t in [2_000, 60_000, u64::MAX / 2, u64::MAX - 1] {
+        let out = first.handle(Input::Tick(t));
+        assert!(out.is_empty(), "at {t}: {out:?}");
+        assert_eq!(first.status(), None, "formed a cluster at {t}");
+    }
+    // A member with such settings: detectors seeded with the huge estimate, the next gossip
+    // round and the weakly-up deadline "never".
+    config.self_node = uid(2, 1);
+    let mut member = MembershipNode::new(config);
+    member.handle(Input::Tick(1_000));
+    member.handle(Input::Join(uid(2, 1), BTreeSet::new()));
+    member.handle(Input::Tick(1_100));
+    assert_eq!(member.status(), Some(MemberStatus::Up));
+    member.handle(Input::Join(uid(3, 1), BTreeSet::new()));
+    for t in [5_000, u64::MAX / 2, u64::MAX - 1] {
+        member.handle(Input::HeartbeatTick(t));
+        member.handle(Input::Tick(t));
+    }
+    assert!(!member.is_fenced());
+}

@@ -87,15 +87,7 @@ async fn seed_nodes_started_together_form_one_cluster() {
         .await,
     );
     let ids: Vec<_> = nodes.iter().map(|n| n.id().clone()).collect();
-    for n in &nodes {
-        wait(
-            &n.cluster,
-            "one cluster of 3",
-            Duration::from_secs(15),
-            |s| s.all_up(&ids),
-        )
-        .await;
-    }
+    wait_all_up(&nodes, &ids, "one cluster of 3").await;
 
     // The first seed crashes and restarts on its address: the other seeds answer that they
     // are members, so it joins them instead of forming a second cluster.
@@ -387,4 +379,65 @@ async fn addresses_declared_in_init_joins_do_not_accumulate() {
     );
     stranger.shutdown().await;
     stop_all(&nodes).await;
+}
+
+/// A seed node that is leaving is still a member and takes joiners in: it answers `InitJoin`
+/// with "I am a member". Seeds `[s0, s1]` and a worker; `s0` crashes and restarts while `s1`
+/// is leaving (its leave waits for the crashed incarnation, which the split brain resolver
+/// does not down here). Before, the leaving `s1` answered "not a member", so the restarted
+/// first seed, having heard from every other seed, formed a second cluster of its own while
+/// the worker and `s1` went on in the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_first_seed_joins_through_a_leaving_seed() {
+    let addrs = free_addrs(2);
+    let seeded = |id: &str| {
+        config(id)
+            .seed_nodes(addrs.clone())
+            // No downing while the test runs: the crashed incarnation stays unreachable, and
+            // the leave stays stuck until the restarted one replaces it.
+            .stable_after(Duration::from_secs(600))
+    };
+    let s1 = start(seeded("s1").bind(addrs[1].clone())).await;
+    let s0 = start(seeded("s0").bind(addrs[0].clone())).await;
+    let worker = start(seeded("w")).await;
+    let ids = [s0.id().clone(), s1.id().clone(), worker.id().clone()];
+    wait_all_up([&s0, &s1, &worker], &ids, "one cluster of 3").await;
+    let old_s0 = s0.id().clone();
+    s0.cluster.shutdown().await;
+    s0.system.shutdown().await;
+    wait(
+        &s1.cluster,
+        "the crashed first seed unreachable",
+        Duration::from_secs(15),
+        |s| s.unreachable.contains(&old_s0),
+    )
+    .await;
+    let leaving = s1.cluster.clone();
+    let left = tokio::spawn(async move { leaving.leave().await });
+    let s1_id = s1.id().clone();
+    wait(&s1.cluster, "s1 leaving", Duration::from_secs(15), |s| {
+        s.member(&s1_id)
+            .is_some_and(|m| m.status == MemberStatus::Leaving)
+    })
+    .await;
+
+    let restarted = start(seeded("s0").bind(addrs[0].clone())).await;
+    let (new_s0, w) = (restarted.id().clone(), worker.id().clone());
+    for n in [&restarted, &worker] {
+        wait(
+            &n.cluster,
+            "the restarted first seed and the worker in one cluster",
+            Duration::from_secs(20),
+            |s| s.all_up(&[new_s0.clone(), w.clone()]),
+        )
+        .await;
+    }
+    // The leave completes too: the restarted incarnation replaced the crashed one.
+    let why = tokio::time::timeout(Duration::from_secs(20), left)
+        .await
+        .expect("s1 left in time")
+        .unwrap();
+    assert_eq!(why, shardik_cluster::runtime::NodeStopReason::Left);
+    stop_all(&[restarted, worker]).await;
+    s1.system.shutdown().await;
 }

@@ -31,6 +31,9 @@ use crate::phi::PhiConfig;
 ///     .acceptable_heartbeat_pause(Duration::from_secs(3)); // a busier network: slower, safer
 /// cfg.validate().unwrap();
 /// ```
+///
+/// Its `Debug` output never shows the shared secret: the secret lives only in the embedded
+/// [`RemoteConfig`], whose `Debug` prints its length instead of its bytes.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
     /// Transport settings; `remote.cluster` is the cluster name, `remote.node_id` the node id.
@@ -116,9 +119,14 @@ pub enum ConfigError {
     /// The failure detector must keep at least one sample.
     #[error("phi max_sample_size must be at least 1")]
     NoSamples,
-    /// The acceptable pause must be at least the heartbeat interval, or every late
-    /// heartbeat would be suspected.
-    #[error("acceptable_heartbeat_pause ({pause:?}) must be at least heartbeat_interval ({heartbeat:?})")]
+    /// The acceptable pause must be at least [`ClusterConfig::MIN_PAUSE_HEARTBEATS`] heartbeat intervals:
+    /// a watched peer silent for the pause counts as lost for fencing (`fence_after` is the
+    /// pause), so with a pause of about one interval a single late heartbeat would fence the
+    /// node and stop its shards and singletons.
+    #[error(
+        "acceptable_heartbeat_pause ({pause:?}) must be at least 3 × heartbeat_interval \
+         ({heartbeat:?}): one late heartbeat would otherwise fence the node"
+    )]
     PauseShorterThanHeartbeat {
         /// The acceptable pause.
         pause: Duration,
@@ -128,6 +136,15 @@ pub enum ConfigError {
     /// At least one peer must monitor each node.
     #[error("monitored_by must be at least 1")]
     NoMonitors,
+    /// A duration is longer than [`ClusterConfig::MAX_DURATION`] (one day): deadlines are computed as
+    /// `now + duration`, and a near-`Duration::MAX` value would overflow them.
+    #[error("{name} ({value:?}) must be at most 24 h")]
+    TooLong {
+        /// The setting.
+        name: &'static str,
+        /// Its value.
+        value: Duration,
+    },
     /// A static quorum of zero.
     #[error("the static quorum size must be at least 1")]
     ZeroQuorum,
@@ -146,6 +163,15 @@ pub enum ConfigError {
 }
 
 impl ClusterConfig {
+    /// The longest any duration of the configuration may be (one day), except
+    /// `prune_tombstones_after`, which has no upper bound (it is only ever subtracted from,
+    /// saturating); [`validate`](Self::validate) refuses a longer one.
+    pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+    /// The acceptable heartbeat pause must be at least this many heartbeat intervals (see
+    /// [`ConfigError::PauseShorterThanHeartbeat`]).
+    pub const MIN_PAUSE_HEARTBEATS: u32 = 3;
+
     /// A node `node_id` of cluster `cluster`, listening on `127.0.0.1:0`, with no seed nodes,
     /// no secret and the defaults documented on each field.
     pub fn new(cluster: impl Into<String>, node_id: impl Into<String>) -> Self {
@@ -217,9 +243,23 @@ impl ClusterConfig {
         self
     }
 
-    /// Replaces the transport settings (node id and cluster name included).
+    /// Replaces the transport settings (node id and cluster name included), except those
+    /// that `remote` leaves unset and that were set on this configuration before (with
+    /// [`bind`](Self::bind), [`advertise`](Self::advertise), [`secret`](Self::secret),
+    /// [`tls`](Self::tls) or [`faults`](Self::faults)): those are kept, so the order of the
+    /// setters does not matter. Unset means `None` for the advertised address, secret, TLS
+    /// and fault injector, and the default `127.0.0.1:0` for the bind address; a value set on
+    /// `remote` wins.
     pub fn remote(mut self, remote: RemoteConfig) -> Self {
-        self.remote = remote;
+        let before = std::mem::replace(&mut self.remote, remote);
+        let r = &mut self.remote;
+        if r.bind == RemoteConfig::new("", "").bind {
+            r.bind = before.bind;
+        }
+        r.advertise = r.advertise.take().or(before.advertise);
+        r.secret = r.secret.take().or(before.secret);
+        r.tls = r.tls.take().or(before.tls);
+        r.faults = r.faults.take().or(before.faults);
         self
     }
 
@@ -276,7 +316,10 @@ impl ClusterConfig {
         self
     }
 
-    /// Sets the pause the failure detector tolerates on top of the mean heartbeat interval.
+    /// Sets the pause the failure detector tolerates on top of the mean heartbeat interval
+    /// (at least [`MIN_PAUSE_HEARTBEATS`](Self::MIN_PAUSE_HEARTBEATS) heartbeat intervals:
+    /// it is also how long a watched peer may be silent before it counts as lost for
+    /// fencing).
     pub fn acceptable_heartbeat_pause(mut self, d: Duration) -> Self {
         self.phi.acceptable_heartbeat_pause = d;
         self
@@ -306,14 +349,15 @@ impl ClusterConfig {
         self
     }
 
-    /// Sets how long membership must be stable before the split brain resolver decides.
+    /// Sets how long membership must be stable before the split brain resolver decides
+    /// (at least 1 ms).
     pub fn stable_after(mut self, d: Duration) -> Self {
         self.downing.stable_after = d;
         self
     }
 
     /// Sets how long past `stable_after` a reachability picture that keeps changing may go
-    /// undecided before every member is downed, or turns that off with `None` (see
+    /// undecided before every member is downed (at least 1 ms), or turns that off with `None` (see
     /// [`DowningConfig::down_all_when_unstable`]; off by default).
     /// [`DowningConfig::akka_unstable_bound`] gives Akka's default bound.
     pub fn down_all_when_unstable(mut self, d: Option<Duration>) -> Self {
@@ -373,7 +417,11 @@ impl ClusterConfig {
                 return Err(ConfigError::DuplicateSeed(s.clone()));
             }
         }
-        for (name, d) in [
+        // Zero is refused too for `stable_after` (the resolver would decide on the first
+        // flag, before the other side's picture could match) and for
+        // `down_all_when_unstable` (every partition would down the whole cluster instead of
+        // being decided).
+        let at_least_1ms = [
             ("seed_timeout", self.seed_timeout),
             ("tick_interval", self.tick_interval),
             ("heartbeat_interval", self.heartbeat_interval),
@@ -384,9 +432,28 @@ impl ClusterConfig {
                 self.phi.first_heartbeat_estimate,
             ),
             ("min_std_deviation", self.phi.min_std_deviation),
-        ] {
+            ("stable_after", self.downing.stable_after),
+        ]
+        .into_iter()
+        .chain(
+            self.downing
+                .down_all_when_unstable
+                .map(|d| ("down_all_when_unstable", d)),
+        );
+        for (name, d) in at_least_1ms.clone() {
             if d < Duration::from_millis(1) {
                 return Err(ConfigError::ZeroDuration(name));
+            }
+        }
+        let bounded = at_least_1ms
+            .chain([(
+                "acceptable_heartbeat_pause",
+                self.phi.acceptable_heartbeat_pause,
+            )])
+            .chain(self.weakly_up_after.map(|d| ("weakly_up_after", d)));
+        for (name, value) in bounded {
+            if value > Self::MAX_DURATION {
+                return Err(ConfigError::TooLong { name, value });
             }
         }
         if self.tick_interval > self.heartbeat_interval || self.tick_interval > self.gossip_interval
@@ -401,7 +468,9 @@ impl ClusterConfig {
         if self.phi.max_sample_size == 0 {
             return Err(ConfigError::NoSamples);
         }
-        if self.phi.acceptable_heartbeat_pause < self.heartbeat_interval {
+        if self.phi.acceptable_heartbeat_pause
+            < self.heartbeat_interval * Self::MIN_PAUSE_HEARTBEATS
+        {
             return Err(ConfigError::PauseShorterThanHeartbeat {
                 pause: self.phi.acceptable_heartbeat_pause,
                 heartbeat: self.heartbeat_interval,
@@ -433,6 +502,7 @@ impl ClusterConfig {
         c.roles = self.roles.clone();
         c.gossip_interval = self.gossip_interval;
         c.join_retry = self.join_retry;
+        c.seed_node_timeout = self.seed_timeout;
         c.phi = self.phi.clone();
         c.monitored_by = self.monitored_by;
         c.downing = self.downing.clone();
@@ -533,12 +603,210 @@ mod tests {
         );
         assert!(matches!(
             c().heartbeat_interval(Duration::from_secs(10))
-                .acceptable_heartbeat_pause(Duration::from_secs(20))
+                .acceptable_heartbeat_pause(Duration::from_secs(30))
                 .validate(),
             Err(ConfigError::IdleTimeoutTooShort { .. })
         ));
         c().seed_nodes(["10.0.0.1:2552", "[::1]:2552"])
             .validate()
             .unwrap();
+    }
+
+    /// A pause of one or two heartbeat intervals was accepted: `fence_after` is the pause,
+    /// so one late heartbeat fenced the node.
+    #[test]
+    fn a_pause_shorter_than_three_heartbeats_is_refused() {
+        let c = |pause_ms: u64| {
+            ClusterConfig::new("c", "n")
+                .heartbeat_interval(Duration::from_millis(500))
+                .acceptable_heartbeat_pause(Duration::from_millis(pause_ms))
+                .validate()
+        };
+        for pause in [500, 1_000, 1_499] {
+            assert_eq!(
+                c(pause),
+                Err(ConfigError::PauseShorterThanHeartbeat {
+                    pause: Duration::from_millis(pause),
+                    heartbeat: Duration::from_millis(500),
+                })
+            );
+        }
+        assert_eq!(
+            c(500).unwrap_err().to_string(),
+            "acceptable_heartbeat_pause (500ms) must be at least 3 × heartbeat_interval \
+             (500ms): one late heartbeat would otherwise fence the node"
+        );
+        c(1_500).unwrap();
+    }
+
+    /// `stable_after` 0 made the resolver decide on the first flag, and
+    /// `down_all_when_unstable` 0 downed the whole cluster on every partition; both were
+    /// accepted.
+    #[test]
+    fn zero_stable_after_and_zero_unstable_bound_are_refused() {
+        let c = || ClusterConfig::new("c", "n");
+        assert_eq!(
+            c().stable_after(Duration::ZERO).validate(),
+            Err(ConfigError::ZeroDuration("stable_after"))
+        );
+        assert_eq!(
+            c().down_all_when_unstable(Some(Duration::ZERO))
+                .validate()
+                .unwrap_err()
+                .to_string(),
+            "down_all_when_unstable must be at least 1 ms"
+        );
+        c().down_all_when_unstable(None).validate().unwrap();
+        c().down_all_when_unstable(Some(Duration::from_secs(4)))
+            .validate()
+            .unwrap();
+    }
+
+    /// `Duration::MAX` (or anything near it) was accepted, and the driver computed its
+    /// deadlines as `now + duration`: a panic in debug builds, a wrapped deadline (a second
+    /// cluster formed at once) in release builds.
+    #[test]
+    fn durations_beyond_a_day_are_refused() {
+        type Set = fn(ClusterConfig, Duration) -> ClusterConfig;
+        let setters: [(&str, Set); 11] = [
+            ("seed_timeout", |c, d| c.seed_timeout(d)),
+            // Refused for its length before anything compares it with other settings.
+            ("tick_interval", |c, d| c.tick_interval(d)),
+            ("heartbeat_interval", |c, d| c.heartbeat_interval(d)),
+            ("gossip_interval", |c, d| c.gossip_interval(d)),
+            ("join_retry", |c, d| c.join_retry(d)),
+            ("min_std_deviation", |c, d| c.min_std_deviation(d)),
+            ("stable_after", |c, d| c.stable_after(d)),
+            ("down_all_when_unstable", |c, d| {
+                c.down_all_when_unstable(Some(d))
+            }),
+            ("acceptable_heartbeat_pause", |c, d| {
+                c.acceptable_heartbeat_pause(d)
+            }),
+            ("weakly_up_after", |c, d| c.weakly_up_after(Some(d))),
+            ("first_heartbeat_estimate", |mut c, d| {
+                c.phi.first_heartbeat_estimate = d;
+                c
+            }),
+        ];
+        let max = ClusterConfig::MAX_DURATION;
+        for (name, set) in setters {
+            for value in [max + Duration::from_millis(1), Duration::MAX] {
+                let err = set(ClusterConfig::new("c", "n"), value).validate();
+                assert_eq!(err, Err(ConfigError::TooLong { name, value }), "{name}");
+            }
+            // The bound itself is fine, as far as this setting goes (others may then refuse
+            // the combination, say a tick slower than the heartbeat).
+            let at_max = set(ClusterConfig::new("c", "n"), max).validate();
+            assert!(
+                !matches!(at_max, Err(ConfigError::TooLong { .. })),
+                "{name}: {at_max:?}"
+            );
+        }
+        assert_eq!(
+            ClusterConfig::new("c", "n")
+                .seed_timeout(Duration::MAX)
+                .validate()
+                .unwrap_err()
+                .to_string(),
+            format!("seed_timeout ({:?}) must be at most 24 h", Duration::MAX)
+        );
+        // A whole setup at the bound works (the remote idle timeout must exceed the
+        // heartbeat, and the pause be three of them: both within their own bounds).
+        let mut slow = ClusterConfig::new("c", "n")
+            .heartbeat_interval(Duration::from_secs(3600))
+            .acceptable_heartbeat_pause(Duration::from_secs(3 * 3600))
+            .tick_interval(Duration::from_secs(3600))
+            .gossip_interval(Duration::from_secs(3600))
+            .seed_timeout(max)
+            .stable_after(max)
+            .weakly_up_after(Some(max));
+        slow.remote = slow
+            .remote
+            .heartbeat(Duration::from_secs(1), Duration::from_secs(7200));
+        slow.validate().unwrap();
+    }
+
+    /// `seed_timeout` was never copied into the core's settings.
+    #[test]
+    fn node_config_takes_the_seed_timeout() {
+        let c = ClusterConfig::new("c", "n").seed_timeout(Duration::from_millis(1234));
+        let n = c.node_config(UniqueAddress::new("h:1", "n", 1));
+        assert_eq!(n.seed_node_timeout, Duration::from_millis(1234));
+    }
+
+    /// A `TlsConfig` from a throwaway self-signed certificate (DNS name `node`); nothing
+    /// connects with it.
+    fn test_tls() -> TlsConfig {
+        let ck = rcgen::generate_simple_self_signed(vec!["node".to_string()]).unwrap();
+        let cert = ck.cert.pem();
+        TlsConfig::from_pem(
+            cert.as_bytes(),
+            ck.key_pair.serialize_pem().as_bytes(),
+            cert.as_bytes(),
+            "node",
+        )
+        .unwrap()
+    }
+
+    /// `remote()` replaced the whole transport configuration: called after `bind`,
+    /// `advertise`, `secret`, `tls` or `faults`, it dropped them silently.
+    #[test]
+    fn remote_keeps_transport_settings_set_before_unless_it_sets_them() {
+        let secret = b"a long random shared secret, 32+ bytes".to_vec();
+        let c = ClusterConfig::new("c", "n")
+            .bind("0.0.0.0:2552")
+            .advertise("10.0.0.5:2552")
+            .secret(secret.clone())
+            .tls(test_tls())
+            .faults(FaultInjector::new())
+            .remote(RemoteConfig::new("orders", "node-7").outbound_queue(7));
+        let r = &c.remote;
+        assert_eq!(
+            (r.cluster.as_str(), r.node_id.as_str()),
+            ("orders", "node-7")
+        );
+        assert_eq!(r.outbound_queue, 7);
+        assert_eq!(r.bind, "0.0.0.0:2552");
+        assert_eq!(r.advertise.as_deref(), Some("10.0.0.5:2552"));
+        assert_eq!(r.secret.as_deref(), Some(&secret[..]));
+        assert!(r.tls.is_some());
+        assert!(r.faults.is_some());
+        // The same settings in the other order give the same transport.
+        let other_order = ClusterConfig::new("c", "n")
+            .remote(RemoteConfig::new("orders", "node-7").outbound_queue(7))
+            .bind("0.0.0.0:2552")
+            .advertise("10.0.0.5:2552")
+            .secret(secret.clone());
+        assert_eq!(
+            (&other_order.remote.bind, &other_order.remote.advertise),
+            (&r.bind, &r.advertise)
+        );
+        assert_eq!(other_order.remote.secret, r.secret);
+        // What the given RemoteConfig sets wins.
+        let c = ClusterConfig::new("c", "n")
+            .bind("0.0.0.0:2552")
+            .advertise("10.0.0.5:2552")
+            .secret(secret)
+            .remote(
+                RemoteConfig::new("c", "n")
+                    .bind("0.0.0.0:3000")
+                    .advertise("10.0.0.6:3000")
+                    .secret(b"another secret".to_vec()),
+            );
+        assert_eq!(c.remote.bind, "0.0.0.0:3000");
+        assert_eq!(c.remote.advertise.as_deref(), Some("10.0.0.6:3000"));
+        assert_eq!(c.remote.secret.as_deref(), Some(&b"another secret"[..]));
+        assert!(c.remote.tls.is_none() && c.remote.faults.is_none());
+    }
+
+    #[test]
+    fn debug_output_does_not_show_the_secret() {
+        let c = ClusterConfig::new("c", "n").secret(b"hunter2-hunter2-hunter2".to_vec());
+        let shown = format!("{c:?} {c:#?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        // Nor its bytes as numbers (a derived Debug of a byte slice).
+        assert!(!shown.contains("104, 117, 110"), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
     }
 }

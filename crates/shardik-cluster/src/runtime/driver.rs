@@ -15,7 +15,7 @@ use super::config::ClusterConfig;
 use super::wire::{Body, WireMsg, PATH};
 use crate::events::ClusterEvent;
 use crate::member::{MemberStatus, UniqueAddress};
-use crate::node::MembershipNode;
+use crate::node::{millis, MembershipNode};
 use crate::protocol::{Action, Input};
 
 /// Cluster messages waiting for the driver; beyond this, arriving ones are dropped (the
@@ -96,6 +96,12 @@ pub(crate) fn start(
     // Instant 0 of the node's times is `epoch` below, taken right after this.
     node_config.wall_clock_origin_ms = wall_clock_ms();
     let node = MembershipNode::new(node_config);
+    let watch = (
+        remote.clone(),
+        me.clone(),
+        shared.clone(),
+        cfg.node_id().to_string(),
+    );
     let driver = Driver {
         system,
         remote,
@@ -114,16 +120,62 @@ pub(crate) fn start(
         send_failures: 0,
         cfg,
     };
-    tokio::spawn(driver.run(inbox, commands));
+    let running = tokio::spawn(driver.run(inbox, commands));
+    let (remote, me, shared, node_id) = watch;
+    tokio::spawn(async move {
+        if let Err(e) = running.await {
+            // Cancelled only when the runtime itself goes away: nobody is left to tell.
+            if e.is_panic() {
+                driver_panicked(e.into_panic(), remote, me, shared, node_id).await;
+            }
+        }
+    });
+}
+
+/// The driver task panicked: nothing runs the node's membership any more, so nothing would
+/// ever publish that it stopped, and everything waiting for that (`when_up`, `leave`, the
+/// shard regions and singletons watching `fenced`) would wait for good while local work went
+/// on. Publishes the node as stopped and fenced instead (reason `RemoteStopped`: the cluster
+/// endpoint and remoting are shut down here, as on any other stop), and logs why.
+async fn driver_panicked(
+    panic: Box<dyn std::any::Any + Send>,
+    remote: Remote,
+    me: UniqueAddress,
+    shared: Arc<Shared>,
+    node_id: String,
+) {
+    let why = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into());
+    let reason = NodeStopReason::RemoteStopped;
+    tracing::error!(
+        node = %me,
+        %reason,
+        "the cluster driver panicked: {why}; the node stops, fenced (its shards and \
+         singletons stop; the other members see it as crashed)"
+    );
+    remote.unregister(PATH);
+    let mut state = shared.state.borrow().clone();
+    if state.stopped.is_none() {
+        // Fenced before remoting goes down: local work stops first.
+        state.stopped = Some(reason);
+        state.fenced = true;
+        let events = vec![Event::Stopped(reason)];
+        super::metrics::record(&node_id, &state, &events);
+        shared.publish(Some(state), events);
+    }
+    remote.shutdown().await;
 }
 
 impl Driver {
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        millis(self.epoch.elapsed())
     }
 
     fn at(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.epoch).as_millis() as u64
+        millis(t.saturating_duration_since(self.epoch))
     }
 
     async fn run(
@@ -223,7 +275,7 @@ impl Driver {
                     c.max_heartbeat_gap_ms
                         .fetch_max(t.saturating_sub(prev), Ordering::Relaxed);
                 }
-                if self.last_heartbeat.len() > 4 * self.cfg.monitored_by.max(16) {
+                if self.last_heartbeat.len() > self.cfg.monitored_by.max(16).saturating_mul(4) {
                     // Forget peers that left: keep only the ones still monitored.
                     let watched: BTreeSet<&UniqueAddress> = self.node.monitored().collect();
                     self.last_heartbeat.retain(|n, _| watched.contains(n));
@@ -237,10 +289,17 @@ impl Driver {
             Body::Join { roles } => self.input(Input::Join(from, roles)),
             Body::JoinReminder { roles } => self.input(Input::JoinReminder(from, roles)),
             Body::InitJoin => {
-                let member = matches!(
-                    self.node.status(),
-                    Some(MemberStatus::Joining | MemberStatus::WeaklyUp | MemberStatus::Up)
-                );
+                // Any member that can still take a joiner in says so, a leaving one included
+                // (it welcomes joiners until it exits): answering "not a member" there would
+                // let a restarted first seed, having heard that from every other seed, form
+                // a second cluster. Only a node on its way out (`Exiting`, `Down`) is not
+                // used for joining, as in Akka.
+                let member = self.node.status().is_some_and(|s| {
+                    !matches!(
+                        s,
+                        MemberStatus::Exiting | MemberStatus::Down | MemberStatus::Removed
+                    )
+                });
                 let body = if member {
                     Body::InitJoinAck
                 } else {
@@ -271,7 +330,7 @@ impl Driver {
         self.seeding = if self.cfg.seed_nodes.first() == Some(&self.me.address) {
             Seeding::FirstSeed {
                 pending: self.other_seeds.iter().cloned().collect(),
-                deadline: now + self.cfg.seed_timeout.as_millis() as u64,
+                deadline: now.saturating_add(millis(self.cfg.seed_timeout)),
             }
         } else {
             Seeding::Seek
@@ -302,7 +361,7 @@ impl Driver {
                 );
                 self.seeding = Seeding::FirstSeed {
                     pending: self.other_seeds.iter().cloned().collect(),
-                    deadline: now + self.cfg.seed_timeout.as_millis() as u64,
+                    deadline: now.saturating_add(millis(self.cfg.seed_timeout)),
                 };
                 self.next_init_join = now;
             }
@@ -319,7 +378,7 @@ impl Driver {
             }
         }
         if now >= self.next_init_join {
-            self.next_init_join = now + self.cfg.join_retry.as_millis() as u64;
+            self.next_init_join = now.saturating_add(millis(self.cfg.join_retry));
             for s in self.other_seeds.clone() {
                 self.send(&s, None, Body::InitJoin);
             }
@@ -333,13 +392,13 @@ impl Driver {
         let now = self.now();
         self.seeding = if self.cfg.seed_nodes.first() == Some(&self.me.address) {
             Seeding::FirstSeedJoining {
-                retry_at: now + self.cfg.seed_timeout.as_millis() as u64,
+                retry_at: now.saturating_add(millis(self.cfg.seed_timeout)),
             }
         } else {
             Seeding::Seek
         };
         if now >= self.next_join_feed {
-            self.next_join_feed = now + self.cfg.join_retry.as_millis() as u64;
+            self.next_join_feed = now.saturating_add(millis(self.cfg.join_retry));
             tracing::info!(node = %self.me, through = %from, "joining through a member seed node");
             self.input(Input::JoinSeeds(vec![from.address]));
         }
@@ -480,7 +539,7 @@ impl Driver {
             // The actions that stopped this node usually end with gossip telling the rest of
             // its side (a downing decision, say); give the writers a moment to send it, since
             // shutting remoting down drops what is still queued.
-            tokio::time::sleep(self.cfg.tick_interval * 2).await;
+            tokio::time::sleep(self.cfg.tick_interval.saturating_mul(2)).await;
         }
         self.remote.shutdown().await;
         if self.cfg.stop_system_on_exit
@@ -547,5 +606,5 @@ fn log_event(me: &UniqueAddress, e: &ClusterEvent) {
 fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, crate::node::millis)
+        .map_or(0, millis)
 }

@@ -67,6 +67,17 @@ pub async fn wait(
     }
 }
 
+/// Waits until each of `nodes` sees every one of `ids` `Up` (`what` names the wait).
+pub async fn wait_all_up<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    ids: &[UniqueAddress],
+    what: &str,
+) {
+    for n in nodes {
+        wait(&n.cluster, what, Duration::from_secs(15), |s| s.all_up(ids)).await;
+    }
+}
+
 /// Starts `n` nodes `n0..`: `n0` forms the cluster, the others join through it. Returns
 /// once every node sees all of them `Up`, with the time that took.
 pub async fn cluster_of(n: usize, faults: Option<&FaultInjector>) -> (Vec<Node>, Duration) {
