@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shardik_persistence::{
-    InMemoryStore, Journal, PostgresOptions, PostgresStore, PostgresTls, SnapshotStore, SqliteStore,
+    InMemoryStore, Journal, Persistence, PostgresOptions, PostgresStore, PostgresTls,
+    SnapshotStore, SqliteStore, StateRecord, StateStore, StateWrite, StoreFuture,
 };
 
 /// Keeps a backend's resources (a temporary directory) alive for one test.
@@ -103,6 +104,104 @@ async fn postgres() -> Option<(Arc<PostgresStore>, Guard)> {
 store_suite!(memory_backend, crate::memory);
 store_suite!(sqlite_backend, crate::sqlite);
 store_suite!(postgres_backend, crate::postgres);
+
+/// The in-memory store cannot hold a revision no write can follow (it counts revisions up
+/// from 0 in a `u64`): this view of one reports such a revision for the ids marked corrupt,
+/// as SQLite and PostgreSQL read back a stored -1.
+struct CorruptRevisions {
+    store: Arc<InMemoryStore>,
+    corrupt: parking_lot::Mutex<Vec<String>>,
+}
+
+impl StateStore for CorruptRevisions {
+    fn upsert(&self, write: StateWrite) -> StoreFuture<'_, u64> {
+        self.store.upsert(write)
+    }
+
+    fn get<'a>(&'a self, persistence_id: &'a str) -> StoreFuture<'a, Option<StateRecord>> {
+        Box::pin(async move {
+            let mut record = self.store.get(persistence_id).await?;
+            if self.corrupt.lock().iter().any(|id| id == persistence_id) {
+                if let Some(r) = record.as_mut() {
+                    r.revision = u64::MAX;
+                }
+            }
+            Ok(record)
+        })
+    }
+
+    fn delete<'a>(&'a self, persistence_id: &'a str, expected: u64) -> StoreFuture<'a, ()> {
+        self.store.delete(persistence_id, expected)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_durable_state_with_a_corrupt_revision_does_not_load() {
+    let memory = Arc::new(InMemoryStore::new());
+    let states = Arc::new(CorruptRevisions {
+        store: memory.clone(),
+        corrupt: Default::default(),
+    });
+    let persistence = Persistence::from_parts(memory.clone(), memory, states.clone());
+    suite::a_durable_state_with_a_corrupt_revision_does_not_load(
+        states,
+        persistence,
+        |states, pid| async move { states.corrupt.lock().push(pid.to_string()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_durable_state_with_a_corrupt_revision_does_not_load() {
+    let (store, _dir) = sqlite().await.unwrap();
+    let persistence = common::persistence(store.clone());
+    suite::a_durable_state_with_a_corrupt_revision_does_not_load(
+        store,
+        persistence,
+        |store, pid| async move {
+            let db = rusqlite::Connection::open(store.path()).unwrap();
+            let changed = db
+                .execute(
+                    "UPDATE durable_state SET revision = -1 WHERE persistence_id = ?1",
+                    [pid],
+                )
+                .unwrap();
+            assert_eq!(changed, 1);
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_durable_state_with_a_corrupt_revision_does_not_load() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let store = pg_store(&url, schema.clone()).await;
+    let persistence = common::persistence(store.clone());
+    suite::a_durable_state_with_a_corrupt_revision_does_not_load(
+        store,
+        persistence,
+        |_, pid| async move {
+            let (admin, connection) = admin(&url).await;
+            let changed = admin
+                .execute(
+                    &format!(
+                        "UPDATE {schema}.durable_state SET revision = -1 \
+                         WHERE persistence_id = $1"
+                    ),
+                    &[&pid],
+                )
+                .await
+                .unwrap();
+            assert_eq!(changed, 1);
+            drop(admin);
+            connection.await.unwrap().unwrap();
+        },
+    )
+    .await;
+}
 
 /// SQLite groups concurrent writes into shared transactions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

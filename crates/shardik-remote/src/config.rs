@@ -22,7 +22,9 @@ use crate::tls::TlsConfig;
 ///     .heartbeat(Duration::from_millis(500), Duration::from_secs(5));
 /// assert_eq!(cfg.node_id, "node-1");
 /// ```
-#[derive(Clone, Debug)]
+///
+/// Its `Debug` output shows the secret's length only, never its bytes.
+#[derive(Clone)]
 pub struct RemoteConfig {
     /// Human-readable node id, such as `"worker-east"`.
     pub node_id: String,
@@ -90,6 +92,66 @@ pub struct RemoteConfig {
     /// fields). Every node must use the same: the handshake refuses a peer whose format has
     /// another name. Frame headers and the handshake keep their compact MessagePack form.
     pub payload_format: PayloadFormat,
+}
+
+/// The secret's length in place of its bytes, so that logging a configuration
+/// (`tracing::info!(?config)`) does not leak it.
+struct RedactedSecret(usize);
+
+impl std::fmt::Debug for RedactedSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<redacted {} bytes>", self.0)
+    }
+}
+
+impl std::fmt::Debug for RemoteConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured so that a new field cannot be forgotten here.
+        let RemoteConfig {
+            node_id,
+            cluster,
+            bind,
+            advertise,
+            secret,
+            max_frame_len,
+            outbound_queue,
+            control_queue,
+            write_batch_frames,
+            handshake_timeout,
+            backoff_min,
+            backoff_max,
+            give_up_message_after,
+            heartbeat_interval,
+            idle_timeout,
+            max_reply_wait,
+            socket_buffer,
+            tls,
+            faults,
+            payload_format,
+        } = self;
+        f.debug_struct("RemoteConfig")
+            .field("node_id", node_id)
+            .field("cluster", cluster)
+            .field("bind", bind)
+            .field("advertise", advertise)
+            .field("secret", &secret.as_ref().map(|s| RedactedSecret(s.len())))
+            .field("max_frame_len", max_frame_len)
+            .field("outbound_queue", outbound_queue)
+            .field("control_queue", control_queue)
+            .field("write_batch_frames", write_batch_frames)
+            .field("handshake_timeout", handshake_timeout)
+            .field("backoff_min", backoff_min)
+            .field("backoff_max", backoff_max)
+            .field("give_up_message_after", give_up_message_after)
+            .field("heartbeat_interval", heartbeat_interval)
+            .field("idle_timeout", idle_timeout)
+            .field("max_reply_wait", max_reply_wait)
+            .field("socket_buffer", socket_buffer)
+            .field("tls", tls)
+            .field("faults", faults)
+            .field("payload_format", payload_format)
+            .finish()
+    }
 }
 
 impl RemoteConfig {
@@ -269,5 +331,28 @@ impl RemoteConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_the_secret() {
+        let secret = "correct-horse-battery-staple-0123456789";
+        let cfg = RemoteConfig::new("prod", "node-1").secret(secret.as_bytes().to_vec());
+        for out in [format!("{cfg:?}"), format!("{cfg:#?}")] {
+            assert!(!out.contains(secret), "secret leaked: {out}");
+            // Not as a byte list either (the derived form printed `[99, 111, ...]`).
+            assert!(!out.contains("99, 111, 114"), "secret bytes leaked: {out}");
+            assert!(out.contains("<redacted 39 bytes>"), "{out}");
+            assert!(
+                out.contains("node-1") && out.contains("handshake_timeout"),
+                "{out}"
+            );
+        }
+        let none = format!("{:?}", RemoteConfig::new("prod", "node-1"));
+        assert!(none.contains("secret: None"), "{none}");
     }
 }

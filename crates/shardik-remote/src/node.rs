@@ -895,7 +895,7 @@ async fn sleep_or_shutdown(node: &Node, d: Duration) -> bool {
 /// lane, the lower node refuses the other's connection and keeps its own (which the other
 /// takes). Either side sees it only after the other proved itself (see
 /// [`handshake::connect`]).
-fn is_duplicate(e: &HandshakeError) -> bool {
+pub(crate) fn is_duplicate(e: &HandshakeError) -> bool {
     e.reason() == Some(RejectReason::Duplicate)
 }
 
@@ -1080,8 +1080,11 @@ impl Node {
     }
 }
 
-/// Accepts connections until shutdown.
+/// Accepts connections until shutdown. A failed accept is counted in `accept_errors` and
+/// logged at most once per [`ACCEPT_ERROR_LOG_EVERY`] (with the number of failures not logged
+/// since); the loop then waits a little ([`accept_backoff`]) and goes on listening.
 pub(crate) async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
+    let mut log = AcceptErrorLog::default();
     loop {
         let res = tokio::select! {
             _ = node.shutdown.cancelled() => return,
@@ -1100,13 +1103,82 @@ pub(crate) async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
                 });
             }
             Err(e) => {
-                tracing::warn!(node = %node.local.me.node_id, "accept failed: {e}");
-                if !sleep_or_shutdown(&node, Duration::from_millis(10)).await {
+                node.counters.bump(
+                    &node.counters.accept_errors,
+                    "shardik_remote_accept_errors_total",
+                );
+                let wait = accept_backoff(&e);
+                if let Some(suppressed) = log.failed(tokio::time::Instant::now()) {
+                    tracing::warn!(
+                        node = %node.local.me.node_id,
+                        not_logged_since = suppressed,
+                        retry_in = ?wait,
+                        "accept failed: {e}"
+                    );
+                }
+                if !wait.is_zero() && !sleep_or_shutdown(&node, wait).await {
                     return;
                 }
             }
         }
     }
+}
+
+/// Accept failures are logged at most once per this period (all are counted).
+const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Rate limit of the accept loop's warnings: the first failure is logged, then at most one
+/// per [`ACCEPT_ERROR_LOG_EVERY`], which reports how many were not logged since the last.
+#[derive(Default)]
+struct AcceptErrorLog {
+    last: Option<tokio::time::Instant>,
+    suppressed: u64,
+}
+
+impl AcceptErrorLog {
+    /// A failure at `now`: `Some(failures not logged since the last logged one)` if this one
+    /// is to be logged.
+    fn failed(&mut self, now: tokio::time::Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < ACCEPT_ERROR_LOG_EVERY => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+/// How long the accept loop waits after a failed accept. None after a connection that was
+/// aborted or reset before it was accepted: that concerns only the one connection. A
+/// second when the process or system is out of file descriptors (`EMFILE`, `ENFILE`) or
+/// memory: accepting again at once would fail the same way until connections close (tokio
+/// and hyper wait as long). 10 ms after anything else.
+fn accept_backoff(e: &std::io::Error) -> Duration {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::ConnectionAborted
+        | ErrorKind::ConnectionReset
+        | ErrorKind::ConnectionRefused => Duration::ZERO,
+        ErrorKind::OutOfMemory => Duration::from_secs(1),
+        _ if is_out_of_descriptors(e) => Duration::from_secs(1),
+        _ => Duration::from_millis(10),
+    }
+}
+
+/// `EMFILE` or `ENFILE` (the same numbers on Linux, the BSDs and macOS; `WSAEMFILE` on
+/// Windows), which `std::io::ErrorKind` does not name.
+fn is_out_of_descriptors(e: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    const CODES: &[i32] = &[23, 24];
+    #[cfg(windows)]
+    const CODES: &[i32] = &[10024];
+    #[cfg(not(any(unix, windows)))]
+    const CODES: &[i32] = &[];
+    e.raw_os_error().is_some_and(|c| CODES.contains(&c))
 }
 
 /// Forgets reply slots that waited longer than `max_reply_wait`, and idle peers.
@@ -1519,6 +1591,37 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 
 #[cfg(test)]
 mod tests {
+    /// The accept loop's warnings: the first failure, then one per period with the number
+    /// not logged since; the back-off is longest when descriptors or memory ran out.
+    #[cfg(unix)]
+    #[test]
+    fn accept_errors_are_logged_rarely_and_backed_off() {
+        use super::{accept_backoff, AcceptErrorLog, ACCEPT_ERROR_LOG_EVERY};
+        let t0 = tokio::time::Instant::now();
+        let mut log = AcceptErrorLog::default();
+        assert_eq!(log.failed(t0), Some(0));
+        let ms = Duration::from_millis;
+        let logged: Vec<_> = (1..=2_500u64)
+            .filter_map(|i| log.failed(t0 + ms(10 * i)))
+            .collect();
+        // 25 s of failures every 10 ms: two more lines, each counting what it stood for.
+        assert_eq!(logged, vec![999, 999]);
+        assert_eq!(log.failed(t0 + ACCEPT_ERROR_LOG_EVERY * 3), Some(500));
+
+        let os = std::io::Error::from_raw_os_error;
+        assert_eq!(accept_backoff(&os(24)), Duration::from_secs(1), "EMFILE");
+        assert_eq!(accept_backoff(&os(23)), Duration::from_secs(1), "ENFILE");
+        assert_eq!(
+            accept_backoff(&std::io::ErrorKind::OutOfMemory.into()),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            accept_backoff(&std::io::ErrorKind::ConnectionAborted.into()),
+            Duration::ZERO
+        );
+        assert_eq!(accept_backoff(&std::io::ErrorKind::Other.into()), ms(10));
+    }
+
     use super::{clip, shown, shown_max};
 
     use std::time::Duration;

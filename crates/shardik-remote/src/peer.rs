@@ -104,6 +104,8 @@ pub(crate) struct LaneLink {
     /// Cuts this lane's reconnect backoff short: the other lane just connected, so the peer
     /// is reachable again.
     pub(crate) other_up: Notify,
+    /// Wakes everyone waiting for this lane to connect ([`Peer::wait_connected`]).
+    up: Notify,
     connected: AtomicBool,
     /// Recent heartbeats in flight on this lane: sequence number and when each was queued.
     heartbeats: Mutex<VecDeque<(u64, Instant)>>,
@@ -165,6 +167,7 @@ impl Peer {
             queue: OutQueue::new(cap, per_write),
             wake: Notify::new(),
             other_up: Notify::new(),
+            up: Notify::new(),
             connected: AtomicBool::new(false),
             heartbeats: Mutex::new(VecDeque::new()),
         };
@@ -449,6 +452,7 @@ impl Peer {
         self.links[lane.index()].queue.assign(slot.id);
         l.conn = Some(slot);
         self.link(lane).connected.store(true, Ordering::Release);
+        self.link(lane).up.notify_waiters();
         // The dialer of an association also makes its other connection, at once.
         let other = self.link(lane.other());
         other.wake.notify_one();
@@ -508,6 +512,29 @@ impl Peer {
     /// The identity last seen at this address (by the last connection installed), if any.
     pub(crate) fn identity(&self) -> Option<NodeIdentity> {
         self.state.lock().remote.clone()
+    }
+
+    /// Waits up to `timeout` for a connection on `lane` (the current one if there is one);
+    /// `None` if none came, or the peer was retired meanwhile.
+    pub(crate) async fn wait_connected(
+        &self,
+        lane: Lane,
+        timeout: std::time::Duration,
+    ) -> Option<ConnectionInfo> {
+        let wait = async {
+            loop {
+                // Registered before looking, so an install in between is not missed.
+                let up = self.link(lane).up.notified();
+                if let Some(c) = self.connection(lane) {
+                    return Some(c);
+                }
+                tokio::select! {
+                    _ = self.retired.cancelled() => return None,
+                    _ = up => {}
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.ok().flatten()
     }
 
     /// The current connection on `lane`, if any.

@@ -15,8 +15,8 @@ use crate::config::RemoteConfig;
 use crate::error::RemoteError;
 use crate::frame::{Lane, NodeIdentity, PROTOCOL_VERSION};
 use crate::handshake::Local;
-use crate::node::{accept_loop, reply_sweeper, Node};
-use crate::peer::ConnectionInfo;
+use crate::node::{accept_loop, is_duplicate, reply_sweeper, Node};
+use crate::peer::{ConnectionInfo, Peer};
 use crate::registry::{typed_decoder, Decoder};
 use crate::remote_ref::RemoteRef;
 use crate::stats::{RemoteEvent, RemoteStats};
@@ -218,6 +218,13 @@ impl Remote {
     /// Connects to the node at `addr` now, control connection first, then the user
     /// connection, and waits for their handshakes. Returns the peer's identity, or why it
     /// failed (unreachable, or refused by either side).
+    ///
+    /// A dial the peer refuses as a duplicate (it dialed this node at the same moment and,
+    /// as the lower node, keeps its own connection) is not a failure: the connection is the
+    /// peer's, and `connect` waits for it (up to `handshake_timeout`) and returns Ok. Only if
+    /// none comes under `addr` within that time (the peer was dialed under another address
+    /// than it advertises, and its connection is known here under that one) does it return
+    /// the refusal.
     pub async fn connect(&self, addr: &str) -> Result<NodeIdentity, RemoteError> {
         let peer = self.node.peer(addr);
         // Every lane without a connection counts as dialing until its turn, so the dialer
@@ -225,9 +232,14 @@ impl Remote {
         let mut res = Ok(None);
         for lane in peer.start_dials() {
             if res.is_ok() {
-                res = self.node.dial_once(&peer, lane).await.map(Some);
+                res = self.connect_lane(&peer, lane).await;
             }
             peer.end_dial(lane);
+            // The lane's dialer may have looked while this call held the lane, and rested:
+            // it looks again (and dials if something waits and the lane is still down).
+            if !peer.link(lane).is_connected() {
+                peer.link(lane).wake.notify_one();
+            }
         }
         match res? {
             Some(identity) => Ok(identity),
@@ -239,6 +251,33 @@ impl Remote {
                     addr: addr.to_string(),
                     source: std::io::ErrorKind::NotConnected.into(),
                 }),
+        }
+    }
+
+    /// Makes `peer`'s `lane` connection for [`connect`](Self::connect), which holds the lane
+    /// as dialing: dials, unless the peer's connection came in meanwhile, and if the peer
+    /// refuses the dial as a duplicate, waits for the peer's own connection.
+    async fn connect_lane(
+        &self,
+        peer: &Arc<Peer>,
+        lane: Lane,
+    ) -> Result<Option<NodeIdentity>, RemoteError> {
+        if let Some(c) = peer.connection(lane) {
+            // The peer dialed in while the previous lane was made.
+            return Ok(Some(c.peer));
+        }
+        match self.node.dial_once(peer, lane).await {
+            Ok(identity) => Ok(Some(identity)),
+            Err(RemoteError::Handshake(e)) if is_duplicate(&e) => {
+                match peer
+                    .wait_connected(lane, self.node.cfg.handshake_timeout)
+                    .await
+                {
+                    Some(c) => Ok(Some(c.peer)),
+                    None => Err(RemoteError::Handshake(e)),
+                }
+            }
+            Err(e) => Err(e),
         }
     }
 

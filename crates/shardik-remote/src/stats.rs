@@ -70,6 +70,9 @@ counters! {
     /// Inbound connections closed before their handshake because too many were in theirs
     /// already: 256 on the node, or 64 from the connection's IP address.
     handshakes_refused_busy,
+    /// Failed `accept` calls of the listener (file descriptors exhausted, out of memory, a
+    /// connection aborted before it was accepted); the node keeps listening.
+    accept_errors,
     /// Peers forgotten because nothing used them any more (no connection, nothing queued,
     /// no `RemoteRef` or waiting reply pointing at them): addresses learned from messages
     /// do not accumulate.

@@ -274,6 +274,49 @@ fn relay(
     });
 }
 
+/// Two nodes' relays for the tie-break tests: each node binds `bind_*` and advertises
+/// `relay_*`. a's relay forwards at once; b's holds every dial (of a) until `open_b` is set.
+/// Both report each dial they take (`dials_of_*`).
+struct Relays {
+    bind_a: String,
+    bind_b: String,
+    relay_a: String,
+    relay_b: String,
+    open_b: tokio::sync::watch::Sender<bool>,
+    dials_of_a: tokio::sync::mpsc::UnboundedReceiver<()>,
+    dials_of_b: tokio::sync::mpsc::UnboundedReceiver<()>,
+    /// Keeps a's relay open.
+    _always: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relays {
+    async fn start() -> Self {
+        let (bind_a, bind_b) = (free_addr(), free_addr());
+        let listen_a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listen_b = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (relay_a, relay_b) = (
+            listen_a.local_addr().unwrap().to_string(),
+            listen_b.local_addr().unwrap().to_string(),
+        );
+        let (_always, open_a) = tokio::sync::watch::channel(true);
+        let (open_b, held_b) = tokio::sync::watch::channel(false);
+        let (dialed_a, dials_of_a) = tokio::sync::mpsc::unbounded_channel();
+        let (dialed_b, dials_of_b) = tokio::sync::mpsc::unbounded_channel();
+        relay(listen_a, bind_a.clone(), open_a, dialed_a);
+        relay(listen_b, bind_b.clone(), held_b, dialed_b);
+        Relays {
+            bind_a,
+            bind_b,
+            relay_a,
+            relay_b,
+            open_b,
+            dials_of_a,
+            dials_of_b,
+            _always,
+        }
+    }
+}
+
 /// Refusing the other node's connection as a duplicate (both dialed at once; the lower node
 /// keeps its own) is not a failure on either side: no `HandshakeFailed` event, nothing in
 /// `handshake_failures` or `dial_failures`, no growth of the backoff. The refused dialer
@@ -288,19 +331,16 @@ async fn a_connection_refused_as_a_duplicate_is_not_a_failure() {
     // Each node advertises a relay in front of it. b's relay holds a's dial until opened, so
     // a's dial stays in flight and a (the lower node) refuses b's dials meanwhile; a's relay
     // forwards at once and counts b's dials.
-    let (bind_a, bind_b) = (free_addr(), free_addr());
-    let listen_a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let listen_b = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (relay_a, relay_b) = (
-        listen_a.local_addr().unwrap().to_string(),
-        listen_b.local_addr().unwrap().to_string(),
-    );
-    let (_always, open_a) = tokio::sync::watch::channel(true);
-    let (open_b, held_b) = tokio::sync::watch::channel(false);
-    let (dialed_a, mut dials_of_a) = tokio::sync::mpsc::unbounded_channel();
-    let (dialed_b, mut dials_of_b) = tokio::sync::mpsc::unbounded_channel();
-    relay(listen_a, bind_a.clone(), open_a, dialed_a);
-    relay(listen_b, bind_b.clone(), held_b, dialed_b);
+    let Relays {
+        bind_a,
+        bind_b,
+        relay_a,
+        relay_b,
+        open_b,
+        mut dials_of_a,
+        mut dials_of_b,
+        _always,
+    } = Relays::start().await;
     let (sys_a, a) = node_with(
         config("a")
             .bind(bind_a)
@@ -438,4 +478,64 @@ async fn a_peer_dialed_under_an_alias_gives_up_what_it_refuses_as_a_duplicate() 
     assert_eq!(a.stats().handshake_failures, 0);
     // The association under the advertised addresses is untouched.
     assert!(a.connection(b.addr()).expect("a's connection").outbound);
+}
+
+/// Two nodes that `connect` to each other at the same moment both get Ok: the lower node
+/// (a) refuses b's dials as duplicates and keeps its own connections, and b's `connect`
+/// waits for those instead of failing. a's dial is held in b's relay until b's dial has
+/// reached a, so a is dialing when b's handshake is decided: the refusal is certain. (Before,
+/// b's `connect` returned the duplicate refusal as an error although the connection was
+/// about to exist.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_connects_both_succeed() {
+    let Relays {
+        bind_a,
+        bind_b,
+        relay_a,
+        relay_b,
+        open_b,
+        mut dials_of_a,
+        mut dials_of_b,
+        _always,
+    } = Relays::start().await;
+    let (_sys_a, a) = node_with(config("a").bind(bind_a).advertise(relay_a.clone())).await;
+    let (_sys_b, b) = node_with(config("b").bind(bind_b).advertise(relay_b.clone())).await;
+
+    let a_connects = tokio::spawn({
+        let (a, relay_b) = (a.clone(), relay_b.clone());
+        async move { a.connect(&relay_b).await }
+    });
+    next(&mut dials_of_b).await;
+    let b_connects = tokio::spawn({
+        let (b, relay_a) = (b.clone(), relay_a.clone());
+        async move { b.connect(&relay_a).await }
+    });
+    next(&mut dials_of_a).await;
+    open_b.send(true).unwrap();
+
+    let (ra, rb) = tokio::time::timeout(T, async {
+        (a_connects.await.unwrap(), b_connects.await.unwrap())
+    })
+    .await
+    .expect("both connects end");
+    assert_eq!(ra.expect("a connects").incarnation, b.incarnation());
+    assert_eq!(rb.expect("b connects").incarnation, a.incarnation());
+    // a kept its own connections; b's refused dials were no failures.
+    for lane in Lane::ALL {
+        assert!(
+            a.connection_on(&relay_b, lane).unwrap().outbound,
+            "{lane:?}"
+        );
+        assert!(
+            !b.connection_on(&relay_a, lane).unwrap().outbound,
+            "{lane:?}"
+        );
+    }
+    for stats in [a.stats(), b.stats()] {
+        assert_eq!(
+            (stats.handshake_failures, stats.dial_failures),
+            (0, 0),
+            "{stats:?}"
+        );
+    }
 }

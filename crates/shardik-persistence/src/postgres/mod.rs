@@ -184,6 +184,16 @@ fn connection_config(url: &str, tls: bool) -> Result<tokio_postgres::Config, Sto
     if tls && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer {
         config.ssl_mode(tokio_postgres::config::SslMode::Require);
     }
+    // As would asking for TLS and connecting in plaintext because the URL says so: the two
+    // contradict each other, and which one was meant is the operator's call.
+    if tls && config.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
+        return Err(StoreError::Backend(
+            "configuration error: PostgresOptions::tls is set but the URL says \
+             sslmode=disable (plaintext); remove sslmode=disable (or use sslmode=require) to \
+             connect over TLS, or unset PostgresOptions::tls to connect in plaintext"
+                .into(),
+        ));
+    }
     // Without these, a connection to a host that vanished (a failover that moved a virtual
     // IP) hangs whatever uses it until the kernel gives up retransmitting, about 15 minutes,
     // and an idle pooled one is found dead only when used. A value the URL gives is kept,
@@ -592,6 +602,44 @@ mod tests {
         let tls = connection_config("postgres://db/app", true).unwrap();
         assert_eq!(tls.get_ssl_mode(), SslMode::Require);
         assert_eq!(tls.get_connect_timeout(), Some(&secs(10)));
+    }
+
+    /// TLS configured and `sslmode=disable` in the URL contradict each other: the store is
+    /// not created (it would connect in plaintext although TLS was asked for), with an error
+    /// that names both; before the store connects, so no server is needed.
+    #[tokio::test]
+    async fn tls_with_sslmode_disable_is_refused() {
+        for url in [
+            "postgres://app@127.0.0.1:1/app?sslmode=disable",
+            "host=127.0.0.1 port=1 user=app sslmode=disable",
+        ] {
+            let err = connection_config(url, true).unwrap_err();
+            let StoreError::Backend(text) = &err else {
+                panic!("{err:?}")
+            };
+            assert!(text.contains("sslmode=disable"), "{text}");
+            assert!(text.contains("PostgresOptions::tls"), "{text}");
+            // Without TLS configured, plaintext is what the URL asks for.
+            let plain = connection_config(url, false).unwrap();
+            assert_eq!(
+                plain.get_ssl_mode(),
+                tokio_postgres::config::SslMode::Disable
+            );
+
+            let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+            let options = PostgresOptions {
+                tls: Some(super::PostgresTls::from_client_config(tls)),
+                ..PostgresOptions::default()
+            };
+            let refused = PostgresStore::connect_with(url, options).await.err();
+            assert_eq!(refused, Some(err));
+        }
     }
 
     /// The server at `SHARDIK_PG_URL`, or `None` (said on stderr) without one; with

@@ -13,8 +13,10 @@ use crate::error::StoreError;
 /// authorities it trusts, and optionally a client certificate.
 ///
 /// With TLS configured, a URL without `sslmode` (or with `sslmode=prefer`) means
-/// `sslmode=require`: the store never falls back to plaintext. The server's certificate must
-/// be valid for the host name (or IP address) in the URL.
+/// `sslmode=require`: the store never falls back to plaintext. A URL with `sslmode=disable`
+/// contradicts it: [`connect_with`](super::PostgresStore::connect_with) refuses it with a
+/// configuration error instead of connecting in plaintext. The server's certificate must be
+/// valid for the host name (or IP address) in the URL.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), shardik_persistence::StoreError> {

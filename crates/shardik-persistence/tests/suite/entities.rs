@@ -224,6 +224,40 @@ pub async fn corrupt_stored_numbers_fail_with_an_error<S: Store>(store: Arc<S>) 
     );
 }
 
+/// A durable state whose stored revision no write can follow (a -1 in SQLite or
+/// PostgreSQL, read back as `u64::MAX`; `corrupt` puts it there, behind the store's back)
+/// fails to load with an error naming the value, as a journal's such sequence number fails
+/// recovery: the entity answers nothing from it. (Before, it loaded, answered queries, and
+/// failed only at its next write.) `persistence` must read from `store`'s states.
+pub async fn a_durable_state_with_a_corrupt_revision_does_not_load<S, F, Fut>(
+    store: Arc<S>,
+    persistence: shardik_persistence::Persistence,
+    corrupt: F,
+) where
+    S: shardik_persistence::StateStore,
+    F: FnOnce(Arc<S>, &'static str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let pid = "counter-corrupt-revision";
+    let write = StateWrite {
+        persistence_id: pid.into(),
+        expected_revision: 0,
+        writer: 1,
+        payload: Payload::encode(&Count { value: 4 }).unwrap(),
+    };
+    assert_eq!(store.upsert(write).await, Ok(1));
+    corrupt(store.clone(), pid).await;
+    let props = persistence.durable_state_props(pid, PersistSettings::default(), || Counter);
+    let why = first_failure(props, CounterCmd::Get).await;
+    assert!(
+        why.contains(&format!(
+            "recovery of {pid} failed: the stored revision 18446744073709551615 is corrupt: \
+             no write can follow it"
+        )),
+        "{why}"
+    );
+}
+
 /// A type name containing `|` could share persistence ids with another type (`"a|b"` with
 /// entity `"c"` and `"a"` with entity `"b|c"` both map to `"a|b|c"`): its entities refuse to
 /// start and write nothing, while the other type's entity owns its stream alone.
