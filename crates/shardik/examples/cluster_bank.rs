@@ -19,7 +19,7 @@ use tokio::process::Command;
 use serde::{Deserialize, Serialize};
 use shardik::cluster::runtime::{Cluster, ClusterConfig};
 use shardik::prelude::*;
-use shardik::sharding::cluster::ClusterSharding;
+use shardik::sharding::cluster::{ClusterSharding, Left};
 
 #[derive(Serialize, Deserialize)]
 enum AccountMsg {
@@ -64,6 +64,16 @@ async fn node(name: &str, seed: Option<String>) -> (ActorSystem, Cluster, Region
     (system, cluster, accounts)
 }
 
+/// Says so if `node` left before it had handed every shard off (their messages were lost).
+fn report_leave(node: &str, left: &Left) {
+    if !left.handed_off() {
+        eprintln!(
+            "{node} left before handing off {:?}: messages to those shards' entities were lost",
+            left.not_handed_off
+        );
+    }
+}
+
 async fn balance(bank: &Region<AccountMsg>) -> u64 {
     bank.entity_ref("alice")
         .ask(AccountMsg::Balance, Duration::from_secs(5))
@@ -82,9 +92,10 @@ async fn child(seed: String) {
     let mut stdin = tokio::io::stdin();
     let mut buf = [0u8; 64];
     while stdin.read(&mut buf).await.unwrap_or(0) > 0 {}
-    ClusterSharding::get(&cluster_b)
+    let left = ClusterSharding::get(&cluster_b)
         .leave(Duration::from_secs(10))
         .await;
+    report_leave("node-b", &left);
     sys_b.shutdown().await;
 }
 
@@ -145,9 +156,10 @@ async fn one_process() {
     println!("Alice's balance: {}", balance(&bank_a).await);
 
     // Node b hands its shards off to node a, then leaves the cluster.
-    ClusterSharding::get(&cluster_b)
+    let left = ClusterSharding::get(&cluster_b)
         .leave(Duration::from_secs(10))
         .await;
+    report_leave("node-b", &left);
     cluster_a.shutdown().await;
     sys_b.shutdown().await;
     sys_a.shutdown().await;

@@ -127,9 +127,15 @@ async fn main() {
     );
     assert_eq!(items, ["book-1", "pen-7"]);
 
-    ClusterSharding::get(&cluster_b)
+    let left = ClusterSharding::get(&cluster_b)
         .leave(Duration::from_secs(10))
         .await;
+    if !left.handed_off() {
+        eprintln!(
+            "node-b left before handing off {:?}: messages to those shards' entities were lost",
+            left.not_handed_off
+        );
+    }
     cluster_a.shutdown().await;
     sys_b.shutdown().await;
     sys_a.shutdown().await;

@@ -184,9 +184,15 @@ async fn run_child(id: &str, seed: &str, shards: u32) -> Result<(), BoxError> {
     let mut stdin = tokio::io::stdin();
     let mut buf = [0u8; 64];
     while stdin.read(&mut buf).await? > 0 {}
-    ClusterSharding::get(&node.cluster)
+    let left = ClusterSharding::get(&node.cluster)
         .leave(Duration::from_secs(5))
         .await;
+    if !left.handed_off() {
+        eprintln!(
+            "{id} left before handing off {:?}: readings sent to those shards were lost",
+            left.not_handed_off
+        );
+    }
     node.system.shutdown().await;
     Ok(())
 }
@@ -321,6 +327,7 @@ async fn report_readings(
 ) -> Result<u64, BoxError> {
     const WINDOW: u64 = 50_000;
     const CHUNK: usize = 10_000;
+    const STALL: Duration = Duration::from_secs(30);
     let total = ids.len() as u64 * u64::from(rounds.end - rounds.start);
     let bar = ProgressBar::new(total);
     bar.set_style(
@@ -338,9 +345,23 @@ async fn report_readings(
                 seed.sensors.tell(id, SensorMsg::Reading { celsius });
             }
             sent += chunk.len() as u64;
-            while sent - done > WINDOW {
+            // `done` may pass `sent` (a node that did not answer when `base` was taken), so
+            // subtract saturating; and give up on a count that stops moving instead of
+            // waiting for it forever (a node died, readings were lost).
+            let mut stalled_since = (done, Instant::now());
+            while sent.saturating_sub(done) > WINDOW {
                 done = processed(&cluster_stats(seed).await).saturating_sub(base);
                 bar.set_position(done.min(total));
+                if done != stalled_since.0 {
+                    stalled_since = (done, Instant::now());
+                } else if stalled_since.1.elapsed() > STALL {
+                    bar.abandon();
+                    return Err(format!(
+                        "readings stopped being processed: {done} of {sent} sent, none more in {} s",
+                        STALL.as_secs()
+                    )
+                    .into());
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use serde::{Deserialize, Serialize};
 use shardik::cluster::runtime::{Cluster, ClusterConfig};
 use shardik::prelude::*;
@@ -108,6 +108,13 @@ async fn main() {
         // Histograms (hand-off durations, heartbeat round trips) as Prometheus histograms.
         .set_buckets(&[0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0])
         .expect("valid buckets")
+        // The one histogram not in seconds: writes per persistence transaction (up to the
+        // writer's `max_batch`, 1024 by default).
+        .set_buckets_for_metric(
+            Matcher::Full("shardik_persistence_batch_size".into()),
+            &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0],
+        )
+        .expect("valid buckets")
         .install()
         .expect("the Prometheus exporter starts");
 
@@ -168,9 +175,15 @@ async fn main() {
 
     // node-c and node-b hand their shards off and leave; node-a, alone, just stops.
     for (system, cluster) in [(sys_c, cluster_c), (sys_b, cluster_b)] {
-        ClusterSharding::get(&cluster)
+        let left = ClusterSharding::get(&cluster)
             .leave(Duration::from_secs(10))
             .await;
+        if !left.handed_off() {
+            eprintln!(
+                "a node left before handing off {:?}: messages to those shards' entities were lost",
+                left.not_handed_off
+            );
+        }
         system.shutdown().await;
     }
     cluster_a.shutdown().await;

@@ -170,11 +170,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }));
     }
 
+    // Until every reading is processed, or the count stops moving for 10 s (readings were
+    // lost: the check after the summary says how many) instead of waiting forever.
     let mut ticker = tokio::time::interval(Duration::from_millis(5));
+    let mut last = (0, Instant::now());
     loop {
         let done = processed.load(Ordering::Relaxed);
         bar.set_position(done);
         if done >= total {
+            break;
+        }
+        if done != last.0 {
+            last = (done, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(10) {
             break;
         }
         ticker.tick().await;

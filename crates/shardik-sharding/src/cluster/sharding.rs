@@ -653,6 +653,7 @@ pub(super) fn refusal(type_name: &str, this_node: u32, e: RegisterError) -> Shar
 
 /// What [`ClusterSharding::leave`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a leave whose hand-offs timed out lost the messages of those shards' entities: check `handed_off()`"]
 pub struct Left {
     /// Why the node's cluster layer stopped: [`NodeStopReason::Left`] after a graceful leave.
     pub reason: NodeStopReason,
