@@ -18,13 +18,18 @@ pub enum ClusterEvent {
     MemberLeft(Member),
     /// A member is `Exiting`.
     MemberExited(Member),
-    /// A member was marked `Down`.
+    /// A member was marked `Down`. Not published when this node learns of the `Down` and
+    /// the removal at once (see [`MemberRemoved`](ClusterEvent::MemberRemoved)).
     MemberDowned(Member),
-    /// A member was removed; `previous` is the state it had before.
+    /// A member was removed. Events describe the difference between two consecutive views
+    /// of this node, and one gossip may take a member through several statuses: a member
+    /// downed and removed in one step yields only `MemberRemoved { previous: Up, .. }` (no
+    /// [`MemberDowned`](ClusterEvent::MemberDowned)); likewise a member that left may be
+    /// removed without its `MemberLeft` or `MemberExited` published here.
     MemberRemoved {
         /// Who.
         node: UniqueAddress,
-        /// Its last state.
+        /// The last status this node saw it in (not necessarily `Down` or `Exiting`).
         previous: MemberStatus,
     },
     /// Some member flagged this one unreachable.

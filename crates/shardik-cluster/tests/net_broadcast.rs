@@ -168,3 +168,63 @@ async fn ask_panicking(
     )
     .await
 }
+
+/// Keeps every request's reply handle without answering.
+struct Mute {
+    held: Vec<ReplyTo<(String, Vec<String>)>>,
+}
+
+impl Actor for Mute {
+    type Msg = Msg;
+    async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        if let Msg::Notes(reply) = msg {
+            self.held.push(reply);
+        }
+        Ok(())
+    }
+}
+
+/// The local instance's ask timing out is counted in `shardik_ask_timeouts_total`, as the
+/// members' are (`via="remote_ref"`), under `via="actor_ref"`. On a single-threaded runtime
+/// inside a thread-local recorder, so that only this test's metrics are seen.
+#[test]
+fn a_local_instance_that_does_not_answer_in_time_counts_as_an_ask_timeout() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let timeouts = || -> f64 {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, _, _, _)| {
+                k.key().name() == "shardik_ask_timeouts_total"
+                    && k.key()
+                        .labels()
+                        .any(|l| l.key() == "via" && l.value() == "actor_ref")
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => n as f64,
+                other => panic!("{other:?}"),
+            })
+            .sum()
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let node = start(config("n0")).await;
+            node.cluster.when_up().await.unwrap();
+            let mute = node.system.spawn(Mute { held: Vec::new() });
+            let cast = ClusterBroadcast::register(&node.cluster, "/user/mute", mute);
+            let r = cast.ask(Msg::Notes, Duration::from_millis(50)).await;
+            assert!(r.replies.is_empty());
+            assert_eq!(r.missing.len(), 1, "{:?}", r.missing);
+            assert_eq!(r.missing[0].1, AskError::Timeout(Duration::from_millis(50)));
+            stop_all(std::slice::from_ref(&node)).await;
+        });
+    });
+    assert_eq!(timeouts(), 1.0);
+}

@@ -1,6 +1,8 @@
 //! The receptionist across three nodes over real TCP: registrations are found from other
 //! nodes, subscriptions see changes, a stopped actor is dropped, and the entries of a crashed
-//! node are dropped on the survivors once it is `Down`.
+//! node are dropped on the survivors once it is `Down`; a listing larger than a frame is
+//! sent in chunks, and a node that never uses the receptionist gets no message it cannot
+//! handle.
 
 mod netutil;
 
@@ -198,5 +200,113 @@ async fn a_node_that_joins_later_gets_the_existing_entries() {
     )
     .await;
     assert_eq!(node_ids(&l), ["n0"]);
+    stop_all(&nodes).await;
+}
+
+/// A listing of more than one frame's worth (400 entries of about 90 bytes against a 16 KiB
+/// frame limit) reaches the other node, in chunks, and so does a smaller version of it
+/// after deregistrations. Before, the whole listing went in one message, which the remote
+/// layer refused as too large: the other node never listed any of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_larger_than_a_frame_reaches_the_other_node() {
+    let frame = 16 * 1024;
+    let (nodes, _) = cluster_with(2, |i| {
+        let mut c = config(&format!("n{i}"));
+        c.remote = c.remote.max_frame_len(frame);
+        c
+    })
+    .await;
+    let key = ServiceKey::<Echo>::new("echo");
+    let rec0 = Receptionist::get(&nodes[0].cluster);
+    let actors: Vec<_> = (0..400)
+        .map(|_| nodes[0].system.spawn(EchoActor { node: "n0".into() }))
+        .collect();
+    for a in &actors {
+        rec0.register(&key, a.clone());
+    }
+    let listed_bytes: usize = rec0
+        .find(&key)
+        .refs()
+        .iter()
+        .map(|r| r.path().len() + key.name().len() + std::any::type_name::<Echo>().len())
+        .sum();
+    assert!(
+        listed_bytes > frame,
+        "{listed_bytes} bytes of strings alone"
+    );
+    let mut sub = Receptionist::get(&nodes[1].cluster).subscribe(&key);
+    next_matching(
+        &mut sub,
+        "all 400 entries on n1",
+        Duration::from_secs(10),
+        |l| l.len() == 400,
+    )
+    .await;
+    for a in &actors[..150] {
+        assert!(rec0.deregister(&key, a));
+    }
+    let l = next_matching(
+        &mut sub,
+        "250 entries left on n1",
+        Duration::from_secs(10),
+        |l| l.len() == 250,
+    )
+    .await;
+    let mut want: Vec<String> = rec0
+        .find(&key)
+        .refs()
+        .iter()
+        .map(|r| r.path().to_string())
+        .collect();
+    let mut got: Vec<String> = l.refs().iter().map(|r| r.path().to_string()).collect();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    // One of them answers from n1.
+    let reply = l.refs()[0]
+        .ask(
+            |reply| Echo {
+                text: "big".into(),
+                reply,
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply, "n0:big");
+    stop_all(&nodes).await;
+}
+
+/// A node whose application never touches the receptionist still has its endpoint (started
+/// with the cluster): the pushes of the others are not dropped there as messages for an
+/// unknown recipient (logged as errors before), and its receptionist already lists their
+/// entries when the application first asks for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_uses_the_receptionist_gets_no_message_it_cannot_handle() {
+    let (nodes, _) = cluster_of(3, None).await;
+    let key = ServiceKey::<Echo>::new("echo");
+    let rec0 = Receptionist::get(&nodes[0].cluster);
+    let mut sub2 = Receptionist::get(&nodes[2].cluster).subscribe(&key);
+    // Two versions pushed by n0, each to n1 and n2; n2 has seen both.
+    for n in 1..=2 {
+        rec0.register(&key, nodes[0].system.spawn(EchoActor { node: "n0".into() }));
+        next_matching(
+            &mut sub2,
+            "n0's entries on n2",
+            Duration::from_secs(5),
+            |l| l.len() == n,
+        )
+        .await;
+    }
+    assert_eq!(nodes[1].cluster.remote().stats().unknown_recipient, 0);
+    let mut sub1 = Receptionist::get(&nodes[1].cluster).subscribe(&key);
+    next_matching(
+        &mut sub1,
+        "n0's entries on n1",
+        Duration::from_secs(5),
+        |l| l.len() == 2,
+    )
+    .await;
+    assert_eq!(nodes[1].cluster.remote().stats().unknown_recipient, 0);
     stop_all(&nodes).await;
 }

@@ -201,7 +201,13 @@ where
                     match tokio::time::timeout(timeout, rx).await {
                         Ok(Ok(v)) => Ok(v),
                         Ok(Err(_)) => Err(AskError::NoReply),
-                        Err(_) => Err(AskError::Timeout(timeout)),
+                        Err(_) => {
+                            // As an ask of the local instance through its `ActorRef` would
+                            // (the members' asks count as `remote_ref`).
+                            metrics::counter!("shardik_ask_timeouts_total", "via" => "actor_ref")
+                                .increment(1);
+                            Err(AskError::Timeout(timeout))
+                        }
                     }
                 });
                 asked.insert(task.id(), node);

@@ -252,6 +252,9 @@ pub struct Cluster {
     pub(crate) shared: Arc<Shared>,
     remote: Remote,
     self_node: UniqueAddress,
+    /// The remote layer's frame size limit (`RemoteConfig::max_frame_len`): what the
+    /// receptionist cuts its listings to.
+    max_frame_len: usize,
 }
 
 impl fmt::Debug for Cluster {
@@ -266,7 +269,10 @@ impl fmt::Debug for Cluster {
 impl Cluster {
     /// Starts this node: validates `config`, starts the remote layer of `system` (the cluster
     /// name goes into its handshake), registers the cluster endpoint and starts the driver
-    /// task on the current tokio runtime, which joins the cluster through the seed nodes.
+    /// task on the current tokio runtime, which joins the cluster through the seed nodes. The
+    /// node's [`Receptionist`](super::Receptionist) is started too, so that its endpoint
+    /// exists on every node (the pushes of the others find it) and a later
+    /// [`Receptionist::get`](super::Receptionist::get) finds their entries already there.
     ///
     /// Returns as soon as the node is listening; await [`Cluster::when_up`] to wait until it
     /// is a member. Fails if the configuration is invalid, the address cannot be bound, or
@@ -280,6 +286,7 @@ impl Cluster {
         if slot.0.get().is_some() {
             return Err(ClusterError::AlreadyStarted);
         }
+        let max_frame_len = config.remote.max_frame_len;
         let remote = Remote::start(system, config.remote.clone()).await?;
         let self_node = UniqueAddress::new(remote.addr(), remote.node_id(), remote.incarnation());
         let (commands, command_rx) = mpsc::unbounded_channel();
@@ -294,6 +301,7 @@ impl Cluster {
             shared: shared.clone(),
             remote: remote.clone(),
             self_node: self_node.clone(),
+            max_frame_len,
         };
         if slot.0.set(cluster.clone()).is_err() {
             remote.shutdown().await;
@@ -307,7 +315,33 @@ impl Cluster {
             shared,
             command_rx,
         );
+        // Cheap: a task that sends nothing until something is registered on this node.
+        super::Receptionist::get(&cluster);
         Ok(cluster)
+    }
+
+    /// A cluster handle over a started remote layer with no driver: the test publishes the
+    /// states and events itself (`shared.publish`).
+    #[cfg(test)]
+    pub(crate) async fn without_driver(system: &ActorSystem, config: ClusterConfig) -> Cluster {
+        let max_frame_len = config.remote.max_frame_len;
+        let remote = Remote::start(system, config.remote)
+            .await
+            .expect("remote starts");
+        let self_node = UniqueAddress::new(remote.addr(), remote.node_id(), remote.incarnation());
+        let shared = Arc::new(Shared {
+            publish: Mutex::new(()),
+            state: watch::channel(ClusterState::empty(self_node.clone())).0,
+            events: broadcast::channel(1024).0,
+            commands: mpsc::unbounded_channel().0,
+            counters: Counters::default(),
+        });
+        Cluster {
+            shared,
+            remote,
+            self_node,
+            max_frame_len,
+        }
     }
 
     /// The cluster node started on `system`, if any.
@@ -324,6 +358,11 @@ impl Cluster {
     /// reachable by [`Cluster::lookup`] from other nodes).
     pub fn remote(&self) -> &Remote {
         &self.remote
+    }
+
+    /// The remote layer's frame size limit, in bytes.
+    pub(crate) fn max_frame_len(&self) -> usize {
+        self.max_frame_len
     }
 
     /// The current state as this node sees it.

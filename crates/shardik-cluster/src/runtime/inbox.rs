@@ -1,5 +1,6 @@
 //! A remote path whose messages go to a tokio channel instead of an actor: the protocol
-//! endpoints of the receptionist and the singleton managers.
+//! endpoints of the singleton managers. (The receptionist takes its messages in its decoder:
+//! see `receptionist.rs`.)
 
 use std::sync::Arc;
 

@@ -8,15 +8,16 @@ use crate::member::MemberStatus;
 
 use super::cluster::{ClusterState, Event};
 
-/// Every status a member can have, with its label value.
-const STATUSES: [(MemberStatus, &str); 7] = [
+/// Every status a member in a state can have, with its label value. Not `Removed`: removed
+/// members are gone from the state (`shardik_cluster_member_events_total{event="removed"}`
+/// counts them).
+const STATUSES: [(MemberStatus, &str); 6] = [
     (MemberStatus::Joining, "joining"),
     (MemberStatus::WeaklyUp, "weakly_up"),
     (MemberStatus::Up, "up"),
     (MemberStatus::Leaving, "leaving"),
     (MemberStatus::Exiting, "exiting"),
     (MemberStatus::Down, "down"),
-    (MemberStatus::Removed, "removed"),
 ];
 
 /// Records what this node publishes: `state` (the view after `events`) and `events`.
@@ -150,6 +151,11 @@ mod tests {
             [0.0]
         );
         assert_eq!(get("shardik_cluster_members", None).len(), STATUSES.len());
+        assert_eq!(
+            get("shardik_cluster_members", Some(("status", "removed"))),
+            [] as [f64; 0],
+            "removed members are never in a state"
+        );
         assert_eq!(get("shardik_cluster_unreachable_members", None), [1.0]);
         assert_eq!(get("shardik_cluster_is_leader", None), [1.0]);
         assert_eq!(get("shardik_cluster_fenced", None), [0.0]);
