@@ -105,6 +105,9 @@ struct Active {
     inflight: HashMap<UniqueAddress, Instant>,
     fed_down: BTreeSet<RegionId>,
     fed_leaving: BTreeSet<RegionId>,
+    /// Regions fed as unreachable (their node in the view's unreachable set) and not
+    /// reachable again since.
+    fed_unreachable: BTreeSet<RegionId>,
     /// When each region's node was first seen gone (`Down` or removed without leaving).
     gone_since: HashMap<RegionId, Instant>,
     /// Regions whose node is missing from the view although this node never saw it as a
@@ -141,8 +144,20 @@ pub(crate) struct CoordinatorDriver {
     /// The highest epoch a replica reported beyond what this node's replica knows (a
     /// refused promise or write): the next takeover starts above it.
     highest_seen: Epoch,
+    /// Since when this node, which would be the coordinator, waits for `min_quorum` members,
+    /// and when it last said so (see [`QUORUM_WARN_AFTER`]).
+    short_of_quorum: Option<(Instant, Option<Instant>)>,
     metrics: crate::metrics::CoordinatorMetrics,
 }
+
+/// A node that would be the coordinator but waits for `min_quorum` members warns once it has
+/// waited this long, and again every [`QUORUM_WARN_EVERY`] (a `min_quorum` above the number
+/// of members with the type's role leaves the type without a coordinator for good, and
+/// nothing else would say so).
+const QUORUM_WARN_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// See [`QUORUM_WARN_AFTER`].
+const QUORUM_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A node that would be the coordinator while an older member (with the role) does not host
 /// the type waits this long after starting the type: the older member may be starting it
@@ -172,6 +187,7 @@ impl CoordinatorDriver {
             started: Instant::now(),
             seen: BTreeSet::new(),
             highest_seen: 0,
+            short_of_quorum: None,
         }
     }
 
@@ -281,11 +297,14 @@ impl CoordinatorDriver {
             // members were left).
             self.active = None;
         }
-        if self.active.is_none() && self.ctx.quorum(&state).len() < self.ctx.settings.min_quorum {
+        let members = self.ctx.quorum(&state).len();
+        if self.active.is_none() && members < self.ctx.settings.min_quorum {
             // Too few members to trust a majority read (see `min_quorum`): wait for more.
             self.recovery = None;
+            self.warn_short_of_quorum(members);
             return;
         }
+        self.short_of_quorum = None;
         if self.active.is_none() {
             match self.recovery {
                 None => self.start_recovery(&state),
@@ -297,6 +316,29 @@ impl CoordinatorDriver {
         if let Some(a) = &mut self.active {
             a.feed_membership(&self.ctx, &state, &self.seen);
         }
+    }
+
+    /// Logs, rate-limited, that the type has no coordinator because only `members` of the
+    /// `min_quorum` members it needs are `Up` or `Leaving` with its role.
+    fn warn_short_of_quorum(&mut self, members: usize) {
+        let now = Instant::now();
+        let (since, last) = self.short_of_quorum.get_or_insert((now, None));
+        if now.duration_since(*since) < QUORUM_WARN_AFTER
+            || last.is_some_and(|t| now.duration_since(t) < QUORUM_WARN_EVERY)
+        {
+            return;
+        }
+        *last = Some(now);
+        tracing::warn!(
+            entity_type = %self.ctx.type_name,
+            role = ?self.ctx.role(),
+            members,
+            min_quorum = self.ctx.settings.min_quorum,
+            waited_s = now.duration_since(*since).as_secs(),
+            "the type has no coordinator: fewer members with its role are Up or Leaving than \
+             its min_quorum; nothing is allocated until more join (is min_quorum larger than \
+             the cluster?)"
+        );
     }
 
     fn on_tick(&mut self) {
@@ -491,6 +533,7 @@ impl CoordinatorDriver {
                     inflight: HashMap::new(),
                     fed_down: BTreeSet::new(),
                     fed_leaving: BTreeSet::new(),
+                    fed_unreachable: BTreeSet::new(),
                     gone_since: HashMap::new(),
                     unseen_since: HashMap::new(),
                     stable: None,
@@ -713,6 +756,14 @@ impl Active {
             let Some(node) = region_node(&region) else {
                 continue;
             };
+            // A node a failure detector flagged may have crashed: no new shard goes there
+            // until it is reachable again (its shards stay until it is down or left).
+            let flagged = state.unreachable.contains(&node);
+            if flagged && self.fed_unreachable.insert(region.clone()) {
+                self.input(ctx, Input::RegionUnreachable(region.clone()));
+            } else if !flagged && self.fed_unreachable.remove(&region) {
+                self.input(ctx, Input::RegionReachable(region.clone()));
+            }
             if never_seen(state, &node, seen) {
                 let since = match self.unseen_since.get(&region) {
                     Some(since) => *since,

@@ -67,7 +67,9 @@ pub struct ClusterShardingSettings {
     /// [state store](super::ClusterSharding::with_state_store), set it to a majority of the
     /// cluster's full size: after a full restart the first node up would otherwise be a
     /// majority of itself and start from its own copy, which may miss what the other nodes
-    /// acknowledged. A running coordinator is not stopped when members leave. Default 1.
+    /// acknowledged. A running coordinator is not stopped when members leave. A value above
+    /// the number of members with the role leaves the type without a coordinator (nothing is
+    /// allocated); the node that would run it logs a warning. Default 1.
     pub min_quorum: usize,
 }
 
@@ -187,27 +189,41 @@ impl ClusterShardingSettings {
     pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
     /// What is wrong with these settings, if anything: the periods that drive retries and
-    /// timeouts must be at least a millisecond (the cluster layer counts in whole
-    /// milliseconds, and a zero `tick` would stop its tasks), no duration above
+    /// timeouts (and `rebalance_interval`, `entity_stop_timeout`) must be at least a
+    /// millisecond (the cluster layer counts in whole milliseconds, and a zero `tick` would
+    /// stop its tasks), `handoff_ack_timeout` at least twice `tick` (the coordinator checks
+    /// it on its tick: a shorter one aborts every hand-off whose acknowledgements take a
+    /// tick, and a graceful leave then never finishes), no duration above
     /// [`MAX_DURATION`](Self::MAX_DURATION), a buffer of at least one message and a quorum
-    /// of at least one member. Checked when the type starts.
+    /// of at least one member. Checked when the type starts
+    /// ([`ShardingError::InvalidSettings`](crate::ShardingError::InvalidSettings)).
+    ///
+    /// A `min_quorum` above the number of members with the type's role cannot be seen here:
+    /// the type then has no coordinator, which the node that would run it logs as a warning
+    /// once it has waited 10 s, and every 30 s after that.
     pub fn problem(&self) -> Option<String> {
         let periods = [
             ("tick", self.tick),
             ("retry_interval", self.retry_interval),
+            ("rebalance_interval", self.rebalance_interval),
             ("handoff_ack_timeout", self.handoff_ack_timeout),
             ("handoff_stop_retry", self.handoff_stop_retry),
+            ("entity_stop_timeout", self.entity_stop_timeout),
             ("replication_timeout", self.replication_timeout),
         ];
         if let Some((name, d)) = periods.iter().find(|(_, d)| *d < Duration::from_millis(1)) {
             return Some(format!("{name} is {d:?}; it must be at least 1 ms"));
         }
+        if self.handoff_ack_timeout < self.tick.saturating_mul(2) {
+            return Some(format!(
+                "handoff_ack_timeout is {:?}; it must be at least twice tick ({:?}): the \
+                 coordinator checks it on its tick, and a shorter one aborts every hand-off \
+                 whose acknowledgements take a tick (a graceful leave would never finish)",
+                self.handoff_ack_timeout, self.tick
+            ));
+        }
         let mut all = periods.to_vec();
-        all.extend([
-            ("rebalance_interval", self.rebalance_interval),
-            ("entity_stop_timeout", self.entity_stop_timeout),
-            ("down_margin", self.down_margin),
-        ]);
+        all.push(("down_margin", self.down_margin));
         if let RememberedStart::Constant { every, .. } = self.remembered_start {
             if every < Duration::from_millis(1) {
                 return Some(format!(
@@ -297,5 +313,42 @@ mod tests {
             assert!(problem.starts_with(name), "{problem}");
         }
         assert_eq!(base().down_margin(Duration::ZERO).problem(), None);
+    }
+
+    /// Settings that were accepted silently though they make no sense (found by an audit on
+    /// 2026-11-30): a zero rebalance interval or entity stop timeout, and a hand-off ack
+    /// timeout that ends before the coordinator's next tick but one (every hand-off whose
+    /// acknowledgements take a tick would be aborted, and a leave would never finish).
+    #[test]
+    fn settings_that_make_no_sense_are_named() {
+        let base = ClusterShardingSettings::default;
+        let ack = |d: Duration| ClusterShardingSettings {
+            handoff_ack_timeout: d,
+            ..base()
+        };
+        let cases: Vec<(ClusterShardingSettings, &str)> = vec![
+            (
+                base().rebalance_interval(Duration::ZERO),
+                "rebalance_interval",
+            ),
+            (
+                base().entity_stop_timeout(Duration::ZERO),
+                "entity_stop_timeout",
+            ),
+            (ack(Duration::from_millis(199)), "handoff_ack_timeout"),
+            (
+                ClusterShardingSettings {
+                    tick: Duration::from_secs(6),
+                    ..base()
+                },
+                "handoff_ack_timeout",
+            ),
+        ];
+        for (settings, name) in cases {
+            let problem = settings.problem().expect(name);
+            assert!(problem.starts_with(name), "{problem}");
+            assert!(problem.contains("must be"), "{problem}");
+        }
+        assert_eq!(ack(Duration::from_millis(200)).problem(), None);
     }
 }

@@ -5,7 +5,7 @@
 //! state (durable plus pending updates plus hand-offs under way, so it never sees stale counts)
 //! and it returns a decision. No clocks, no IO. The coordinator checks every decision before it
 //! acts on it: a region that is not in the view (not registered with the current epoch, a
-//! proxy, leaving or downed) is never obeyed; the coordinator logs a warning, counts it in
+//! proxy, leaving, downed or unreachable) is never obeyed; the coordinator logs a warning, counts it in
 //! [`CoordinatorStats::allocation_rejected`](super::CoordinatorStats::allocation_rejected) and
 //! allocates by [`LeastShards`] instead (an invalid rebalance move is dropped).
 //!
@@ -26,7 +26,7 @@ pub struct AllocationView<'a> {
     /// The entity type's shard count.
     pub shard_count: u32,
     /// Every region that may receive a shard (registered with the current epoch, hosting, not
-    /// leaving), sorted by id, with the shards it holds in the working state; a shard being
+    /// leaving, gone or unreachable), sorted by id, with the shards it holds in the working state; a shard being
     /// handed off to it counts as its already.
     pub regions: &'a BTreeMap<RegionId, Vec<ShardId>>,
 }
@@ -111,9 +111,11 @@ pub trait AllocationStrategy: fmt::Debug + Send + Sync + 'static {
 }
 
 /// The default strategy: a new shard goes to the region with the fewest shards (ties by
-/// region id); a rebalance round moves the excess over `ceil(allocated / regions)` from the
-/// fullest regions to the emptiest ([`plan_rebalance`]), so a join is balanced in at most two
-/// rounds with the default per-round limit.
+/// region id); a rebalance round moves shards from the fullest regions to the emptiest until
+/// every region holds `floor(allocated / regions)` or `ceil(allocated / regions)` shards
+/// (the fullest keep the `ceil` ones), that is until the counts differ by at most one
+/// ([`plan_rebalance`]), so a join is balanced in at most two rounds with the default
+/// per-round limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeastShards;
 

@@ -116,6 +116,14 @@ pub enum Input {
     RegionBack(RegionId),
     /// The region is gone: its node was downed or removed **and its entities are stopped**.
     RegionDown(RegionId),
+    /// The region's node is unreachable (a failure detector flagged it; it may have crashed
+    /// and not be `Down` yet): until [`Input::RegionReachable`] no *new* shard goes to it (no
+    /// allocation, no hand-off target, no remembered shard). The shards it holds stay where
+    /// they are (they move only once it is down or left) and their homes are answered as
+    /// before. With every hosting region unreachable nothing is allocated: the asker retries.
+    RegionUnreachable(RegionId),
+    /// The region's node is reachable again: it may receive shards again.
+    RegionReachable(RegionId),
 }
 
 /// What the coordinator asks the IO layer to do.
@@ -240,6 +248,9 @@ pub struct Coordinator {
     downed: BTreeSet<RegionId>,
     /// Regions reported [`Input::RegionGone`] and not yet down.
     gone: BTreeSet<RegionId>,
+    /// Regions reported [`Input::RegionUnreachable`] and not reachable again (or down) since:
+    /// they keep their shards but get no new ones.
+    unreachable: BTreeSet<RegionId>,
     /// Regions waiting for the home of a shard of a gone region, per shard.
     held: BTreeMap<ShardId, BTreeSet<RegionId>>,
     handoffs: BTreeMap<ShardId, HandOff>,
@@ -316,6 +327,7 @@ impl Coordinator {
             leave_completed: BTreeSet::new(),
             downed: BTreeSet::new(),
             gone: BTreeSet::new(),
+            unreachable: BTreeSet::new(),
             held: BTreeMap::new(),
             handoffs: BTreeMap::new(),
             next_handoff: 0,
@@ -407,6 +419,17 @@ impl Coordinator {
                 }
             }
             Input::RegionDown(r) => self.on_region_down(r, out),
+            Input::RegionUnreachable(r) => {
+                if !self.downed.contains(&r) {
+                    self.unreachable.insert(r);
+                }
+            }
+            Input::RegionReachable(r) => {
+                if self.unreachable.remove(&r) {
+                    // A leave waiting for somewhere to hand its shards to goes on now.
+                    self.drive_leaving(out);
+                }
+            }
         }
     }
 
@@ -555,10 +578,13 @@ impl Coordinator {
 
     // ---- allocation ---------------------------------------------------------------------------
 
+    /// Whether `r` may receive a shard now: registered with this epoch, hosting (not a proxy),
+    /// not leaving, not gone, and reachable.
     fn eligible(&self, r: &RegionId) -> bool {
         self.live.contains(r)
             && !self.leaving.contains(r)
             && !self.gone.contains(r)
+            && !self.unreachable.contains(r)
             && self.working.regions.get(r).is_some_and(|i| !i.proxy)
     }
 
@@ -647,7 +673,8 @@ impl Coordinator {
                     shard,
                     region = %r,
                     "allocation strategy chose a region that may not receive shards \
-                     (not registered, proxy, leaving or down); allocating least-shards instead"
+                     (not registered, proxy, leaving, down or unreachable); allocating least-shards \
+                     instead"
                 );
             }
             None => {}
@@ -953,10 +980,13 @@ impl Coordinator {
         }
     }
 
+    /// Answers the leaving regions that own nothing (durably: nothing pending), and starts
+    /// the hand-offs of the others' shards once hand-offs may start ([`Self::can_hand_off`]).
+    /// The answer does not wait for that: a region with nothing to hand off needs no other
+    /// region registered (before 2026-11-30 it waited, after a failover until every region
+    /// of the state had re-registered or was gone).
     fn drive_leaving(&mut self, out: &mut Vec<Action>) {
-        if !self.can_hand_off() {
-            return;
-        }
+        let can_hand_off = self.can_hand_off();
         let leaving: Vec<RegionId> = self.leaving.iter().cloned().collect();
         for r in leaving {
             let owned: Vec<ShardId> = self
@@ -966,7 +996,7 @@ impl Coordinator {
                 .filter(|(_, h)| **h == r)
                 .map(|(s, _)| *s)
                 .collect();
-            for shard in &owned {
+            for shard in owned.iter().filter(|_| can_hand_off) {
                 if self.handoffs.contains_key(shard) {
                     continue;
                 }
@@ -992,6 +1022,7 @@ impl Coordinator {
     fn on_region_down(&mut self, r: RegionId, out: &mut Vec<Action>) {
         self.downed.insert(r.clone());
         self.gone.remove(&r);
+        self.unreachable.remove(&r);
         self.live.remove(&r);
         self.leaving.remove(&r);
         self.region_removed(r, out);

@@ -29,9 +29,10 @@
 //!
 //! 1. **Allocation.** A region with no cached home buffers the message and sends
 //!    `GetShardHome`. The coordinator's [`AllocationStrategy`] picks an eligible region
-//!    (registered under its epoch, not proxy, not leaving) from its *working* state (durable +
-//!    pending updates + hand-offs moving there); the default, [`LeastShards`], picks the one with
-//!    the fewest shards, ties broken by region id. The coordinator emits
+//!    (registered under its epoch, not proxy, not leaving, gone or unreachable: a region whose
+//!    node may have crashed keeps its shards but gets no new ones) from its *working* state
+//!    (durable + pending updates + hand-offs moving there); the default, [`LeastShards`], picks
+//!    the one with the fewest shards, ties broken by region id. The coordinator emits
 //!    `Persist(ShardAllocated)`; and after `Persisted` broadcasts `ShardHome` to every region.
 //!    The new home starts hosting ([`RegionAction::StartShard`]); the others cache the home and
 //!    flush their buffers, in order.
@@ -49,11 +50,13 @@
 //!    the shard, and everyone is sent `ShardHome(owner)`). A missing `ShardStopped` only makes the
 //!    coordinator send `HandOff` again (regions answer it idempotently): a shard is never given
 //!    to another region before its owner reported it stopped or was reported down, so there are
-//!    never two owners. A fence is sent again every `retry_interval_ms` while its sender does not
-//!    know the shard's next home (a broken connection loses it), for up to
-//!    [`FENCE_RESEND_WINDOW_MS`]; with `fence_timeout_ms` the
-//!    owner also stops once a fence is that late. Regions
-//!    retry `Register` and `GetShardHome` every `retry_interval_ms`.
+//!    never two owners. A fence is sent again while its sender does not know the shard's next
+//!    home (a broken connection loses it): after `retry_interval_ms`, then at doubling
+//!    intervals up to [`FENCE_RESEND_MAX_INTERVAL_MS`], with no last copy; with
+//!    `fence_timeout_ms` the owner also stops once a fence is that late. Regions retry
+//!    `Register` and `GetShardHome` every `retry_interval_ms`, and so does an owner whose
+//!    hand-off began and has not reached `HandOff` (the `ShardHome` that ends an aborted one
+//!    may be lost; the coordinator answers only once the hand-off is over).
 //! 4. **Failover.** [`Coordinator::recover`] starts from the replicated state with a higher
 //!    epoch and persists it first. Regions re-register ([`RegionInput::CoordinatorChanged`], or
 //!    the coordinator's [`ToRegion::StaleEpoch`] call every [`REREGISTER_CALL_MS`] to those that
@@ -107,7 +110,7 @@ pub use protocol::{
 pub use rebalance::{plan_rebalance, round_limit, Move};
 pub use region::{
     RegionAction, RegionConfig, RegionCoordStats, RegionInput, RegionState, Rejected, SendError,
-    ShardView, FENCE_RESEND_WINDOW_MS,
+    ShardView, FENCE_RESEND_MAX_INTERVAL_MS,
 };
 pub use state::{ApplyError, Change, CoordinatorState, RegionInfo, StateUpdate};
 

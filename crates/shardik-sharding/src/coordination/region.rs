@@ -185,8 +185,8 @@ pub struct RegionCoordStats {
     pub forced_stops: u64,
     /// `GetShardHome` requests sent.
     pub home_requests: u64,
-    /// Fences sent again because the shard's new home was still unknown a retry interval
-    /// after the fence (see [`RegionState`]'s hand-off notes: a fence lost with a broken
+    /// Fences sent again because the shard's new home was still unknown a while after the
+    /// previous copy (see [`RegionState`]'s hand-off notes: a fence lost with a broken
     /// connection would otherwise leave the owner waiting for it).
     pub fences_resent: u64,
     /// `Register` messages sent.
@@ -195,8 +195,12 @@ pub struct RegionCoordStats {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum OwnerPhase {
-    /// `BeginHandOff` seen: local senders buffer; forwards still delivered locally.
-    Begun,
+    /// `BeginHandOff` seen: local senders buffer; forwards still delivered locally. The home
+    /// is asked for every retry interval since `last_request` (the `BeginHandOff`, at first):
+    /// an aborted hand-off ends with a `ShardHome` naming this region, and if that one is
+    /// lost nothing else would end this phase (the coordinator ignores the question while
+    /// the hand-off runs).
+    Begun { last_request: u64 },
     /// `HandOff` seen; waiting for fences from these regions.
     WaitFences {
         need: BTreeSet<RegionId>,
@@ -217,15 +221,18 @@ struct SentFence {
     id: HandOffId,
     to: RegionId,
     last_sent: u64,
-    /// When the first copy went.
-    first_sent: u64,
+    /// How long after `last_sent` the next copy goes: the retry interval at first, doubled
+    /// after every copy up to [`FENCE_RESEND_MAX_INTERVAL_MS`].
+    interval: u64,
 }
 
-/// How long after the first copy a fence is still sent again (every retry interval). A
-/// hand-off that ended without a next home (no region may host the shard) announces none, so
-/// without a bound its fence would go on for good; a connection that loses every copy for a
-/// minute without its node being downed is not one to wait for.
-pub const FENCE_RESEND_WINDOW_MS: u64 = 60_000;
+/// The longest time between two copies of a fence (see [`RegionState`]'s `resend_fences`):
+/// copies go after one retry interval, then after twice as long as the previous wait, up to
+/// this. There is no last copy: the owner waits for the fence for as long as the hand-off
+/// runs (until 2026-11-30 copies stopped a minute after the first, and an owner whose fence
+/// was lost for longer than that, its sender neither downed nor told a next home, waited for
+/// good, holding every later rebalance of the type).
+pub const FENCE_RESEND_MAX_INTERVAL_MS: u64 = 10_000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slot {
@@ -282,9 +289,11 @@ pub struct RegionState<M> {
     /// Fences received per shard for the newest hand-off id seen.
     fences: HashMap<ShardId, (HandOffId, BTreeSet<RegionId>)>,
     /// Fences this region sent, per shard, until it learns the shard's next home: sent again
-    /// every retry interval meanwhile (see `on_tick`).
+    /// at growing intervals meanwhile (see `resend_fences`).
     sent_fences: HashMap<ShardId, SentFence>,
-    /// The hand-off id each shard was last stopped for (to answer a repeated `HandOff`).
+    /// The hand-off id each shard was last stopped for (or found not hosted by): a `HandOff`
+    /// with this id or an older one is a late or repeated copy, answered with `ShardStopped`
+    /// and otherwise ignored (it must not stop the shard should it be hosted here again).
     stopped_for: HashMap<ShardId, HandOffId>,
     /// The fencing token of the newest allocation of each shard to this region.
     tokens: HashMap<ShardId, FencingToken>,
@@ -467,7 +476,7 @@ impl<M> RegionState<M> {
                 Ok(())
             }
             Some(Slot::Owner {
-                phase: OwnerPhase::Begun | OwnerPhase::WaitFences { .. },
+                phase: OwnerPhase::Begun { .. } | OwnerPhase::WaitFences { .. },
                 ..
             }) if from_peer => {
                 // Sent before the peer's fence: still ours to deliver.
@@ -782,7 +791,7 @@ impl<M> RegionState<M> {
             }
             Some(Slot::Local)
             | Some(Slot::Owner {
-                phase: OwnerPhase::Begun | OwnerPhase::WaitFences { .. },
+                phase: OwnerPhase::Begun { .. } | OwnerPhase::WaitFences { .. },
                 ..
             }) => self.begin_stop(shard, None, None, out),
             Some(Slot::Owner {
@@ -870,7 +879,9 @@ impl<M> RegionState<M> {
                     shard,
                     Slot::Owner {
                         id: Some(id),
-                        phase: OwnerPhase::Begun,
+                        phase: OwnerPhase::Begun {
+                            last_request: self.now,
+                        },
                     },
                 );
             }
@@ -880,7 +891,9 @@ impl<M> RegionState<M> {
                         shard,
                         Slot::Owner {
                             id: Some(id),
-                            phase: OwnerPhase::Begun,
+                            phase: OwnerPhase::Begun {
+                                last_request: self.now,
+                            },
                         },
                     );
                 }
@@ -896,7 +909,7 @@ impl<M> RegionState<M> {
                         id,
                         to: r.clone(),
                         last_sent: self.now,
-                        first_sent: self.now,
+                        interval: self.config.retry_interval_ms,
                     },
                 );
                 fenced = Some(r);
@@ -922,10 +935,19 @@ impl<M> RegionState<M> {
         fences: Vec<RegionId>,
         out: &mut Vec<RegionAction<M>>,
     ) {
+        if self.stopped_for.get(&shard).is_some_and(|done| id <= *done) {
+            // A late or repeated copy of a hand-off the shard was stopped for already (ids
+            // grow): answered again, and a shard hosted here again since is left alone.
+            out.push(RegionAction::ToCoordinator(ToCoordinator::ShardStopped {
+                id,
+                shard,
+            }));
+            return;
+        }
         match self.slots.get(&shard).cloned() {
             Some(Slot::Local)
             | Some(Slot::Owner {
-                phase: OwnerPhase::Begun,
+                phase: OwnerPhase::Begun { .. },
                 ..
             }) => self.wait_fences(id, shard, fences.into_iter().collect(), self.now, out),
             Some(Slot::Owner {
@@ -1058,7 +1080,7 @@ impl<M> RegionState<M> {
             self.slots.get(&shard),
             Some(Slot::Local)
                 | Some(Slot::Owner {
-                    phase: OwnerPhase::Begun | OwnerPhase::WaitFences { .. },
+                    phase: OwnerPhase::Begun { .. } | OwnerPhase::WaitFences { .. },
                     ..
                 })
         ) {
@@ -1137,9 +1159,19 @@ impl<M> RegionState<M> {
         }
     }
 
-    /// Sends again every fence whose shard's next home is still unknown here a retry interval
-    /// after it was last sent, for up to [`FENCE_RESEND_WINDOW_MS`], and forgets those whose
-    /// home is known (the coordinator broadcasts it when the hand-off ends).
+    /// Sends again every fence whose shard's next home is still unknown here, a retry
+    /// interval after the first copy and then at doubling intervals up to
+    /// [`FENCE_RESEND_MAX_INTERVAL_MS`], and forgets those whose home is known (the
+    /// coordinator broadcasts it when the hand-off ends), whose old home is down, or that a
+    /// later hand-off of the shard replaced.
+    ///
+    /// There is no last copy: the owner waits for this region's fence whether or not this
+    /// region has messages for the shard, for as long as the hand-off runs, so a bound on the
+    /// copies (a minute, until 2026-11-30) is a bound on how long a broken connection may last
+    /// before the hand-off is stuck for good. The cost of going on is one small message per
+    /// `FENCE_RESEND_MAX_INTERVAL_MS` per shard: while the hand-off runs, and after one that
+    /// ended without a next home (no region could take the shard), until this region learns
+    /// the shard's home (it asks as soon as a sender here buffers for it).
     ///
     /// A fence goes on the user lane, which is at most once: a connection that breaks after
     /// the fence left the queue loses it, without anyone being downed, and the owner would
@@ -1154,15 +1186,12 @@ impl<M> RegionState<M> {
         let retry = self.config.retry_interval_ms;
         let slots = &self.slots;
         let refused = self.refused.is_some();
-        self.sent_fences.retain(|shard, f| {
-            !refused
-                && now.saturating_sub(f.first_sent) < FENCE_RESEND_WINDOW_MS
-                && matches!(slots.get(shard), Some(Slot::Unknown { .. }))
-        });
+        self.sent_fences
+            .retain(|shard, _| !refused && matches!(slots.get(shard), Some(Slot::Unknown { .. })));
         let mut due: Vec<ShardId> = self
             .sent_fences
             .iter()
-            .filter(|(_, f)| now.saturating_sub(f.last_sent) >= retry)
+            .filter(|(_, f)| now.saturating_sub(f.last_sent) >= f.interval)
             .map(|(s, _)| *s)
             .collect();
         due.sort_unstable();
@@ -1171,6 +1200,10 @@ impl<M> RegionState<M> {
                 continue;
             };
             f.last_sent = now;
+            f.interval = f
+                .interval
+                .saturating_mul(2)
+                .min(FENCE_RESEND_MAX_INTERVAL_MS.max(retry));
             self.stats.fences_resent += 1;
             out.push(RegionAction::ToPeer {
                 to: f.to.clone(),
@@ -1208,6 +1241,17 @@ impl<M> RegionState<M> {
                         && last_request.is_none_or(|t| now.saturating_sub(t) >= retry) =>
                 {
                     *last_request = Some(now);
+                    self.stats.home_requests += 1;
+                    out.push(RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
+                        epoch: self.epoch,
+                        shard,
+                    }));
+                }
+                Slot::Owner {
+                    phase: OwnerPhase::Begun { last_request },
+                    ..
+                } if registered && now.saturating_sub(*last_request) >= retry => {
+                    *last_request = now;
                     self.stats.home_requests += 1;
                     out.push(RegionAction::ToCoordinator(ToCoordinator::GetShardHome {
                         epoch: self.epoch,

@@ -1261,103 +1261,6 @@ fn begin_hand_off_fences_the_cached_home_and_buffers() {
     assert!(matches!(&out[..], [RegionAction::ToPeer { to, .. }] if *to == r("c")));
 }
 
-/// The fence of region `a` to owner `b` is lost with a broken connection (the user lane is
-/// at most once) and nobody is downed: `a` sends it again every retry interval while shard
-/// 1's next home is unknown to it, the copy ends `b`'s wait, and once `a` learns the next
-/// home it sends no more (found by an audit on 2026-11-29: the owner waited for good).
-#[test]
-fn a_lost_fence_is_sent_again_until_the_next_home_is_known() {
-    // The retry interval of `region`.
-    let retry = 100;
-    let fence = |to: &str| RegionAction::<u32>::ToPeer {
-        to: r(to),
-        msg: PeerMsg::Fence { id: H, shard: 1 },
-    };
-    let mut a = registered("a", &[(1, "b")]);
-    let mut b = registered("b", &[(1, "b")]);
-    let first = from_coord(&mut a, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
-    assert_eq!(first[0], fence("b"));
-    // The first fence never reaches `b`, which waits for it.
-    let out = hand_off(&mut b, vec![r("a")]);
-    assert!(out.is_empty(), "the owner waits for a's fence: {out:?}");
-    let mut out = Vec::new();
-    a.handle(retry - 1, RegionInput::Tick, &mut out);
-    assert!(out.is_empty(), "not before the retry interval: {out:?}");
-    a.handle(retry, RegionInput::Tick, &mut out);
-    assert_eq!(out, vec![fence("b")], "the fence again");
-    assert_eq!(a.stats().fences_resent, 1);
-    // The copy ends the owner's wait; a second copy changes nothing.
-    let mut out = Vec::new();
-    fence_from(&mut b, "a", &mut out);
-    assert_eq!(out, vec![RegionAction::StopShard(1)]);
-    let mut out = Vec::new();
-    fence_from(&mut b, "a", &mut out);
-    assert!(out.is_empty(), "a duplicate fence is counted once: {out:?}");
-    // Once `a` knows the next home it stops sending.
-    shard_1_home(&mut a, 2 * retry, "c");
-    let mut out = Vec::new();
-    a.handle(10 * retry, RegionInput::Tick, &mut out);
-    assert!(out.is_empty(), "no fence once the home is known: {out:?}");
-    assert_eq!(a.stats().fences_resent, 1);
-}
-
-/// A fence is sent again for at most `FENCE_RESEND_WINDOW_MS` after the first copy (a
-/// hand-off that ends without a next home announces none).
-#[test]
-fn a_fence_is_sent_again_for_a_bounded_time() {
-    // The retry interval of `region`.
-    let retry = 100;
-    let mut a = registered("a", &[(1, "b")]);
-    from_coord(&mut a, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
-    let mut out = Vec::new();
-    let mut t = 0;
-    while t < 2 * FENCE_RESEND_WINDOW_MS {
-        t += retry;
-        a.handle(t, RegionInput::Tick, &mut out);
-    }
-    let fences = out
-        .iter()
-        .filter(|x| matches!(x, RegionAction::ToPeer { .. }))
-        .count() as u64;
-    // One every retry interval within the window, none after it.
-    assert_eq!(fences, FENCE_RESEND_WINDOW_MS / retry - 1);
-    assert_eq!(a.stats().fences_resent, fences);
-}
-
-/// A fence to a region reported down, or one of an earlier hand-off, is not sent again.
-#[test]
-fn a_fence_to_a_downed_region_or_of_an_earlier_hand_off_is_not_sent_again() {
-    // The retry interval of `region`.
-    let retry = 100;
-    let mut a = registered("a", &[(1, "b")]);
-    from_coord(&mut a, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
-    let mut out = Vec::new();
-    a.handle(0, RegionInput::RegionDown(r("b")), &mut out);
-    a.handle(retry, RegionInput::Tick, &mut out);
-    assert!(
-        !out.iter().any(|x| matches!(x, RegionAction::ToPeer { .. })),
-        "no fence to a downed region: {out:?}"
-    );
-    let mut a = registered("a", &[(1, "b")]);
-    from_coord(&mut a, 0, ToRegion::BeginHandOff { id: H, shard: 1 });
-    let later = HandOffId { epoch: 1, seq: 8 };
-    from_coord(
-        &mut a,
-        1,
-        ToRegion::BeginHandOff {
-            id: later,
-            shard: 1,
-        },
-    );
-    let mut out = Vec::new();
-    a.handle(retry, RegionInput::Tick, &mut out);
-    assert!(
-        !out.iter().any(|x| matches!(x, RegionAction::ToPeer { .. })),
-        "no fence of an earlier hand-off: {out:?}"
-    );
-    assert_eq!(a.stats().fences_resent, 0);
-}
-
 /// Messages sent before the coordinator's refusal came, buffered while the region waited to
 /// register, are handed back as refused at the refusal like those sent after it, in order
 /// (they used to wait in the buffers until the node stopped; found by an audit, 2026-11-29).
@@ -1632,8 +1535,20 @@ fn a_shard_hosted_again_after_its_stop_delivers_accepted_messages_first() {
         "no cap may refuse what was accepted already; a sender's buffered one is a delivery"
     );
     assert_eq!(reg.shard_view(1), ShardView::Local);
-    // Nothing is counted for the shard any more: the next stop starts afresh.
-    let out = hand_off(&mut reg, vec![]);
+    // Nothing is counted for the shard any more: the next stop (of a later hand-off) starts
+    // afresh.
+    let next = HandOffId { epoch: 1, seq: 8 };
+    from_coord(&mut reg, 5, ToRegion::BeginHandOff { id: next, shard: 1 });
+    let fences = vec![];
+    let out = from_coord(
+        &mut reg,
+        5,
+        ToRegion::HandOff {
+            id: next,
+            shard: 1,
+            fences,
+        },
+    );
     assert_eq!(out, vec![RegionAction::StopShard(1)]);
     let mut out = Vec::new();
     reg.send(6, env("x", 1, 12), &mut out).unwrap();
@@ -2515,3 +2430,10 @@ fn assert_only_asks_home<M: std::fmt::Debug>(out: &[RegionAction<M>], shard: Sha
         "{out:?}"
     );
 }
+
+// ---- further tests, by topic (`tests/`) ----------------------------------------------------------
+
+mod leave_after_failover;
+mod lost_messages;
+mod repeated_hand_off;
+mod unreachable;
