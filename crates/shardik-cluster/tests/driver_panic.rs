@@ -64,14 +64,14 @@ async fn a_driver_that_panics_publishes_the_node_stopped_and_fenced() {
     let why = tokio::time::timeout(Duration::from_secs(10), cluster.leave())
         .await
         .expect("leave returns once the driver panicked");
-    assert_eq!(why, NodeStopReason::RemoteStopped);
+    assert_eq!(why, NodeStopReason::DriverFailed);
     let state = cluster.state();
-    assert_eq!(state.stopped, Some(NodeStopReason::RemoteStopped));
+    assert_eq!(state.stopped, Some(NodeStopReason::DriverFailed));
     assert!(state.fenced, "{state:?}");
     loop {
         match events.recv().await.expect("events until Stopped") {
             Event::Stopped(r) => {
-                assert_eq!(r, NodeStopReason::RemoteStopped);
+                assert_eq!(r, NodeStopReason::DriverFailed);
                 break;
             }
             Event::Cluster(_) => {}
@@ -79,7 +79,7 @@ async fn a_driver_that_panics_publishes_the_node_stopped_and_fenced() {
     }
     assert!(matches!(
         cluster.when_up().await,
-        Err(ClusterError::Stopped(NodeStopReason::RemoteStopped))
+        Err(ClusterError::Stopped(NodeStopReason::DriverFailed))
     ));
     assert!(
         seen.lock()

@@ -34,6 +34,9 @@ pub enum NodeStopReason {
     SystemShutdown,
     /// The remote layer was shut down underneath the cluster.
     RemoteStopped,
+    /// The task that runs the node's membership panicked (a bug in shardik): the node
+    /// stopped, fenced, and the other members see it as crashed.
+    DriverFailed,
 }
 
 impl fmt::Display for NodeStopReason {
@@ -45,6 +48,7 @@ impl fmt::Display for NodeStopReason {
             NodeStopReason::Shutdown => "shut down",
             NodeStopReason::SystemShutdown => "the actor system shut down",
             NodeStopReason::RemoteStopped => "the remote layer stopped",
+            NodeStopReason::DriverFailed => "the cluster driver failed (panicked)",
         })
     }
 }

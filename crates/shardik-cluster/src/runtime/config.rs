@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use shardik_actor::wire::PayloadFormat;
 use shardik_remote::{FaultInjector, RemoteConfig, TlsConfig};
 
 use crate::downing::{DowningConfig, Strategy};
@@ -160,6 +161,15 @@ pub enum ConfigError {
         /// The cluster heartbeat interval.
         heartbeat: Duration,
     },
+    /// The remote layer's payload format is not the default MessagePack: the cluster's own
+    /// messages (gossip, reachability, sharding's coordinator state) have maps keyed by
+    /// structs, which JSON cannot encode, so no cluster could form.
+    #[error(
+        "the cluster layer needs the default MessagePack payload format, not {0:?}: its gossip \
+         has maps keyed by structs, which that format cannot encode (keep \
+         RemoteConfig::payload_format at its default; JSON is for remoting without the cluster)"
+    )]
+    UnsupportedPayloadFormat(String),
 }
 
 impl ClusterConfig {
@@ -493,6 +503,10 @@ impl ClusterConfig {
                 heartbeat: self.heartbeat_interval,
             });
         }
+        let format = self.remote.payload_format.name();
+        if format != PayloadFormat::message_pack().name() {
+            return Err(ConfigError::UnsupportedPayloadFormat(format.to_string()));
+        }
         Ok(())
     }
 
@@ -665,6 +679,20 @@ mod tests {
     /// `Duration::MAX` (or anything near it) was accepted, and the driver computed its
     /// deadlines as `now + duration`: a panic in debug builds, a wrapped deadline (a second
     /// cluster formed at once) in release builds.
+    /// JSON cannot encode the gossip's struct-keyed maps: before, a cluster configured with it
+    /// started, sent its joins, and then failed to encode every gossip message, so no
+    /// cluster ever formed and nothing said why.
+    #[test]
+    fn a_payload_format_other_than_message_pack_is_refused() {
+        let mut c = ClusterConfig::new("c", "n");
+        c.validate().unwrap();
+        c.remote.payload_format = shardik_remote::JsonCodec::format();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::UnsupportedPayloadFormat(f)) if f == "json"
+        ));
+    }
+
     #[test]
     fn durations_beyond_a_day_are_refused() {
         type Set = fn(ClusterConfig, Duration) -> ClusterConfig;

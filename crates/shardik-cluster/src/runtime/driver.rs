@@ -135,7 +135,7 @@ pub(crate) fn start(
 /// The driver task panicked: nothing runs the node's membership any more, so nothing would
 /// ever publish that it stopped, and everything waiting for that (`when_up`, `leave`, the
 /// shard regions and singletons watching `fenced`) would wait for good while local work went
-/// on. Publishes the node as stopped and fenced instead (reason `RemoteStopped`: the cluster
+/// on. Publishes the node as stopped and fenced instead (reason `DriverFailed`; the cluster
 /// endpoint and remoting are shut down here, as on any other stop), and logs why.
 async fn driver_panicked(
     panic: Box<dyn std::any::Any + Send>,
@@ -149,7 +149,7 @@ async fn driver_panicked(
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-string panic payload".into());
-    let reason = NodeStopReason::RemoteStopped;
+    let reason = NodeStopReason::DriverFailed;
     tracing::error!(
         node = %me,
         %reason,

@@ -1408,6 +1408,7 @@ mod tests {
             NodeStopReason::Shutdown,
             NodeStopReason::SystemShutdown,
             NodeStopReason::RemoteStopped,
+            NodeStopReason::DriverFailed,
         ] {
             s.stopped = Some(reason);
             assert!(must_stop_at_once(&s), "{reason:?}");
