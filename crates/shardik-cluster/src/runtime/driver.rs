@@ -157,16 +157,22 @@ async fn driver_panicked(
          singletons stop; the other members see it as crashed)"
     );
     remote.unregister(PATH);
-    let mut state = shared.state.borrow().clone();
-    if state.stopped.is_none() {
-        // Fenced before remoting goes down: local work stops first.
-        state.stopped = Some(reason);
-        state.fenced = true;
-        let events = vec![Event::Stopped(reason)];
-        super::metrics::record(&node_id, &state, &events);
-        shared.publish(Some(state), events);
+    if shared.state.borrow().stopped.is_some() {
+        // It panicked after publishing its stop: nothing is left to say.
+        remote.shutdown().await;
+        return;
     }
+    // As on any stop: fenced first (local shards and singletons stop), then remoting goes
+    // down, and only then is the stop published, so that whoever waits for it (`leave`,
+    // `shutdown`) finds remoting down, its port free for a restart.
+    let mut state = shared.state.borrow().clone();
+    state.fenced = true;
+    shared.publish(Some(state.clone()), Vec::new());
     remote.shutdown().await;
+    state.stopped = Some(reason);
+    let events = vec![Event::Stopped(reason)];
+    super::metrics::record(&node_id, &state, &events);
+    shared.publish(Some(state), events);
 }
 
 impl Driver {
