@@ -1,12 +1,14 @@
 //! Custom extraction and allocation strategies over real TCP, nodes in one process:
 //! messages carrying their own entity id, sent through an extractor from every node (a proxy
 //! included), reach the one incarnation of that id with the inner message, on the shard a
-//! custom shard function gives; a node with another shard function is refused; and the
-//! local-first strategy keeps shards on the node that asked for them up to its share.
+//! custom shard function gives; a node with another shard function is refused, and a
+//! message from a node whose function differs only off the probe ids starts no entity; and
+//! the local-first strategy keeps shards on the node that asked for them up to its share.
 
 mod cluster_util;
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -244,6 +246,60 @@ async fn local_first_keeps_shards_on_the_asking_node_up_to_its_share() {
         .count();
     assert_eq!(on_n2, 4, "{:?}", coordinator.state.shards);
     assert_eq!(nodes[2].hosted().len(), 4);
+    reg.assert_single_writer();
+    stop_all(&nodes).await;
+}
+
+/// Two shard functions that agree on the coordinator's probe ids (so the node is not refused)
+/// but not on `account-100`: n1's message for it, put in a shard n0 hosts, reaches n0, which
+/// puts the id in another shard. It is a dead letter there (counted), not an entity started
+/// under the sender's shard while the id's own shard may run it elsewhere: two live
+/// incarnations (found by an audit on 2026-11-30; n0 started it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_put_in_another_shard_by_its_sender_starts_no_entity() {
+    let reg = Arc::new(Registry::default());
+    let m0 = start_member("n0", None, &[]).await;
+    let seed = m0.1.self_node().address.clone();
+    let r0 = m0.2.start_with(accounts("n0", &reg), settings()).unwrap();
+    let m1 = start_member("n1", Some(&seed), &[]).await;
+    let target = Arc::new(AtomicU32::new(100 % SHARDS));
+    let skewed = {
+        let (r, target) = (reg.clone(), target.clone());
+        EntityType::new(TYPE, move |eid: &str| Probe::new(eid, "n1", &r))
+            .shards(SHARDS)
+            .shard_fn(move |id: &str, shards: u32| match id {
+                "account-100" => target.load(Ordering::SeqCst),
+                _ => by_account(id, shards),
+            })
+    };
+    let r1 = m1.2.start_with(skewed, settings()).unwrap();
+    let nodes = vec![node(m0, r0), node(m1, r1)];
+    all_up(&nodes).await;
+    for n in &nodes {
+        n.sharding.wait_registered(TYPE, REG).await.unwrap();
+    }
+    // Every shard allocated (one entity each), then n1's shard for the id is one n0 hosts.
+    for account in 0..SHARDS {
+        where_is(&nodes[0], &format!("account-{account}")).await;
+    }
+    let on_n0 = nodes[0].hosted();
+    let t = *on_n0
+        .iter()
+        .find(|s| **s != 100 % SHARDS)
+        .expect("n0 hosts a shard other than account-100's");
+    target.store(t, Ordering::SeqCst);
+    assert_eq!(nodes[1].region.shard_of("account-100"), t);
+    let before = nodes[0].region.stats().rejected_total;
+    nodes[1]
+        .region
+        .tell("account-100", Msg::Add { sender: 1, seq: 0 });
+    // The refusal is counted in the same step that would have delivered it.
+    poll("n0 refuses the message", REG, || {
+        nodes[0].region.stats().rejected_total > before
+    })
+    .await;
+    assert_eq!(reg.live_of("account-100"), 0);
+    assert!(reg.homes.lock().get("account-100").is_none());
     reg.assert_single_writer();
     stop_all(&nodes).await;
 }

@@ -40,6 +40,12 @@ pub(crate) const UNHEARD_FIRST_PUSH: Duration = Duration::from_secs(1);
 /// waits for it); after that it counts as hosting nothing (it does not run cluster sharding).
 pub(crate) const UNKNOWN_GRACE: Duration = Duration::from_secs(3);
 
+/// How long the set of a node that is not a member (not yet, or not any more) is kept after
+/// its last push: a joining node pushes before this node's view lists it (and pushes again
+/// every [`PUSH_INTERVAL`]), while one that left, or any sender that never joins, is
+/// forgotten.
+pub(crate) const NON_MEMBER_GRACE: Duration = Duration::from_secs(30);
+
 /// What a node says about one entity type it started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct TypeAd {
@@ -61,6 +67,8 @@ struct Inner {
     version: u64,
     local: BTreeMap<String, TypeAd>,
     remote: HashMap<UniqueAddress, (u64, BTreeMap<String, TypeAd>)>,
+    /// When each origin in `remote` last pushed (for [`NON_MEMBER_GRACE`]).
+    heard: HashMap<UniqueAddress, Instant>,
     refs: HashMap<String, RemoteRef<DirectoryWire>>,
     /// When each member was first seen (for [`UNKNOWN_GRACE`]).
     first_seen: HashMap<UniqueAddress, Instant>,
@@ -162,6 +170,7 @@ impl Directory {
             return;
         }
         let mut inner = self.inner.lock();
+        inner.heard.insert(w.from.clone(), Instant::now());
         let first = !inner.remote.contains_key(&w.from);
         let newer = inner
             .remote
@@ -181,7 +190,7 @@ impl Directory {
         let state = self.cluster.state();
         let me = self.cluster.self_node().clone();
         let mut inner = self.inner.lock();
-        prune(&mut inner, &state);
+        prune(&mut inner, &state, Instant::now());
         let msg = DirectoryWire {
             from: me.clone(),
             version: inner.version,
@@ -220,14 +229,101 @@ impl Directory {
     }
 }
 
-/// Drops the sets of origins that are `Down`, removed, or replaced by a newer incarnation.
-fn prune(inner: &mut Inner, state: &ClusterState) {
-    let keep = |node: &UniqueAddress| match state.member(node) {
-        Some(m) => !matches!(m.status, MemberStatus::Down | MemberStatus::Removed),
-        // Not (yet) a member: keep it unless another incarnation of its address is one.
-        None => !state.members.iter().any(|m| m.node.address == node.address),
+/// Drops the sets of origins that are `Down`, removed, replaced by a newer incarnation, or
+/// not members and silent for [`NON_MEMBER_GRACE`] (until 2026-11-30 a non-member's set was
+/// kept for good, so every node that ever pushed, members long removed included, stayed), and
+/// what is kept per member for nodes that are not members (or not live ones) any more.
+fn prune(inner: &mut Inner, state: &ClusterState, now: Instant) {
+    let live = |node: &UniqueAddress| {
+        state
+            .member(node)
+            .map(|m| !matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
     };
-    inner.remote.retain(|node, _| keep(node));
-    inner.first_seen.retain(|node, _| keep(node));
-    inner.unheard_push.retain(|node, _| keep(node));
+    let Inner { remote, heard, .. } = inner;
+    remote.retain(|node, _| match live(node) {
+        Some(live) => live,
+        // Not (yet) a member: kept while it pushes, unless another incarnation of its
+        // address is one.
+        None => {
+            !state.members.iter().any(|m| m.node.address == node.address)
+                && heard
+                    .get(node)
+                    .is_some_and(|t| now.saturating_duration_since(*t) < NON_MEMBER_GRACE)
+        }
+    });
+    heard.retain(|node, _| remote.contains_key(node));
+    inner.first_seen.retain(|node, _| live(node) == Some(true));
+    inner
+        .unheard_push
+        .retain(|node, _| live(node) == Some(true));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use shardik_cluster::member::Member;
+
+    fn node(n: u64) -> UniqueAddress {
+        UniqueAddress::new(format!("10.0.0.{n}:7000"), format!("n{n}"), 1)
+    }
+
+    fn state(members: &[(u64, MemberStatus)]) -> ClusterState {
+        let members: Vec<Member> = members
+            .iter()
+            .map(|(n, status)| Member {
+                node: node(*n),
+                status: *status,
+                roles: Default::default(),
+                up_number: Some(*n),
+            })
+            .collect();
+        ClusterState {
+            self_node: node(1),
+            members,
+            unreachable: Default::default(),
+            leader: None,
+            fenced: false,
+            stopped: None,
+        }
+    }
+
+    fn heard_from(inner: &mut Inner, n: u64, at: Instant) {
+        inner.remote.insert(node(n), (1, BTreeMap::new()));
+        inner.heard.insert(node(n), at);
+        inner.first_seen.insert(node(n), at);
+        inner.unheard_push.insert(node(n), at);
+    }
+
+    /// A member's set is kept; a non-member's only while it pushed within the grace; a
+    /// member removed from the view (no longer listed) goes once its pushes stop.
+    #[test]
+    fn sets_of_nodes_that_are_not_members_are_dropped_after_the_grace() {
+        let t0 = Instant::now();
+        let mut inner = Inner::default();
+        for n in 2..=4 {
+            heard_from(&mut inner, n, t0);
+        }
+        let view = state(&[(1, MemberStatus::Up), (2, MemberStatus::Up)]);
+        prune(&mut inner, &view, t0 + Duration::from_secs(1));
+        let mut kept: Vec<_> = inner.remote.keys().cloned().collect();
+        kept.sort();
+        assert_eq!(kept, vec![node(2), node(3), node(4)], "joining nodes kept");
+        // Only members keep their first-seen and push times.
+        assert_eq!(inner.first_seen.keys().collect::<Vec<_>>(), vec![&node(2)]);
+        assert_eq!(
+            inner.unheard_push.keys().collect::<Vec<_>>(),
+            vec![&node(2)]
+        );
+        inner.heard.insert(node(3), t0 + NON_MEMBER_GRACE);
+        prune(
+            &mut inner,
+            &view,
+            t0 + NON_MEMBER_GRACE + Duration::from_secs(1),
+        );
+        let mut kept: Vec<_> = inner.remote.keys().cloned().collect();
+        kept.sort();
+        assert_eq!(kept, vec![node(2), node(3)], "n4 silent past the grace");
+        assert_eq!(inner.heard.len(), 2);
+    }
 }

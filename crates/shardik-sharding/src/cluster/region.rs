@@ -125,7 +125,13 @@ pub(crate) struct ClusterRegion<M> {
     /// region, a full peer queue, a stopped or fenced node), added to the local host's count
     /// in [`RegionStats::rejected_total`]; what the local entities refuse the host counts.
     rejected: Arc<AtomicU64>,
+    /// When (`coarse_now_ms`, at least 1; 0: never) a message whose shard differs from this
+    /// node's shard function was last logged (see `same_shard_here`).
+    foreign_shard_logged: AtomicU64,
 }
+
+/// How often at most a message from a region with another shard function is logged.
+const FOREIGN_SHARD_LOG_MS: u64 = 10_000;
 
 /// The region's state, locked for a change that may move shards: holds `gate` for writing,
 /// and rewrites the direct-delivery flags (`local_shards`) before it lets go.
@@ -237,6 +243,7 @@ where
             placement,
             metrics: crate::metrics::RegionMetrics::new(type_name, &cluster.self_node().node_id),
             rejected: Arc::new(AtomicU64::new(0)),
+            foreign_shard_logged: AtomicU64::new(0),
         });
         let remote = cluster.remote();
         let r = region.clone();
@@ -399,6 +406,15 @@ where
                 from,
                 msg: PeerMsg::Deliver(env),
             } => {
+                if self.stopped.load(Ordering::SeqCst) {
+                    // Nothing is hosted or forwarded any more (what waited was recorded when
+                    // the node stopped): a dead letter now, not a buffer nobody empties.
+                    self.dead_letter(&env.entity_id, "cluster node stopped");
+                    return;
+                }
+                if !self.same_shard_here(&env, &from) {
+                    return;
+                }
                 let Some(env) = self.deliver_directly(env) else {
                     return;
                 };
@@ -413,6 +429,42 @@ where
                 self.handle_locked(&mut g, other);
             }
         }
+    }
+
+    /// Whether this node's shard function puts `env`'s entity in the shard the sending
+    /// region computed. If not, the two nodes' functions differ for this id (custom functions
+    /// that agree on the coordinator's probe ids, see [`ShardFn::fingerprint`]), and
+    /// delivering here could start the entity under a shard other than the one its home
+    /// hosts it under: a second live incarnation. Such a message is a dead letter, logged at
+    /// error level at most every [`FOREIGN_SHARD_LOG_MS`]. One hash of the id per message
+    /// from a peer.
+    ///
+    /// [`ShardFn::fingerprint`]: crate::ShardFn::fingerprint
+    fn same_shard_here(&self, env: &Envelope<M>, from: &RegionId) -> bool {
+        let here = self.local.shard_of(&env.entity_id);
+        if here == env.shard {
+            return true;
+        }
+        let now = self.coarse_now_ms().max(1);
+        let last = self.foreign_shard_logged.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= FOREIGN_SHARD_LOG_MS)
+            && self
+                .foreign_shard_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::error!(
+                entity_type = %self.type_name,
+                %from,
+                entity = %env.entity_id,
+                sent_as = env.shard,
+                here,
+                "message from a region that maps entity ids to shards differently: refused \
+                 (every node must use the same shard function for the entity type)"
+            );
+        }
+        self.dead_letter(&env.entity_id, "shard function differs from the sender's");
+        false
     }
 
     /// The gate, held for reading, if messages for `shard` are taken directly now (see
@@ -526,6 +578,13 @@ where
         self.execute(g, &mut out);
         g.out = out;
         self.drop_refused(g);
+        if self.stopped.load(Ordering::SeqCst) {
+            // Once the node stopped, nothing forwards what the state machine buffers (an
+            // entity's unhandled messages, say): dead letters at once.
+            for env in g.state.take_buffered() {
+                self.dead_letter(&env.entity_id, "cluster node stopped");
+            }
+        }
         if registration {
             self.publish_registration(g);
         }
@@ -884,6 +943,9 @@ where
             for m in &state.members {
                 candidates.insert(region_id(&m.node));
             }
+            // Cached homes too: after a lagged event stream a home's node may have been
+            // removed with no event seen and never have been sent to (so not a peer).
+            candidates.extend(g.state.cached_homes());
             let just_gone = gone.as_ref().map(region_id);
             candidates.extend(just_gone.clone());
             for m in &state.members {

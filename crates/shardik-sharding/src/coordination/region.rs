@@ -403,6 +403,24 @@ impl<M> RegionState<M> {
         }
     }
 
+    /// The regions this one has cached as the home of some shard (those it would forward
+    /// to): the IO layer checks them, with its peers and members, for a node that is gone.
+    pub(crate) fn cached_homes(&self) -> BTreeSet<RegionId> {
+        self.slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Remote(r) => Some(r.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// How many shards have fences kept (tests: bounded by the shard count).
+    #[cfg(test)]
+    pub(crate) fn fenced_shards(&self) -> usize {
+        self.fences.len()
+    }
+
     /// Messages buffered now, over all shards.
     pub fn buffered(&self) -> usize {
         self.buffers.values().map(VecDeque::len).sum()
@@ -601,6 +619,15 @@ impl<M> RegionState<M> {
             RegionInput::FromCoordinator(msg) => self.on_coordinator(msg, out),
             RegionInput::FromPeer { from, msg } => match msg {
                 PeerMsg::Deliver(env) => {
+                    if let Some(e) = &self.refused {
+                        // A refused region hosts nothing (its shards stopped at the refusal)
+                        // and routes nothing: handed back, as a local send is.
+                        out.push(RegionAction::Rejected(Rejected {
+                            error: SendError::Refused(e.clone()),
+                            envelope: env,
+                        }));
+                        return;
+                    }
                     if env.shard >= self.config.shard_count {
                         // A peer with another shard count (refused at registration, but its
                         // messages may be on their way): handed back, not dropped silently.
@@ -617,6 +644,9 @@ impl<M> RegionState<M> {
                         out.push(RegionAction::Rejected(r));
                     }
                 }
+                // A fence for a shard this region's shard count does not have waits for no
+                // hand-off here: ignored, so the fences kept stay bounded by the shard count.
+                PeerMsg::Fence { shard, .. } if shard >= self.config.shard_count => {}
                 PeerMsg::Fence { id, shard } => self.on_fence(from, id, shard, out),
             },
             RegionInput::CoordinatorChanged => {
@@ -625,6 +655,18 @@ impl<M> RegionState<M> {
                 }
             }
             RegionInput::ShardStopped(shard) => self.on_stopped(shard, out),
+            RegionInput::Unhandled { envelopes, .. } | RegionInput::Held { envelopes, .. }
+                if self.refused.is_some() =>
+            {
+                // Nothing is hosted or routed any more: handed back, in order.
+                let error = SendError::Refused(self.refused.clone().expect("checked"));
+                out.extend(envelopes.into_iter().map(|envelope| {
+                    RegionAction::Rejected(Rejected {
+                        error: error.clone(),
+                        envelope,
+                    })
+                }));
+            }
             RegionInput::Unhandled { shard, envelopes } => {
                 self.on_accepted(shard, envelopes, false, out)
             }
@@ -682,7 +724,8 @@ impl<M> RegionState<M> {
                 tokens,
                 attempt,
             } => {
-                if self.stale_attempt(attempt)
+                if self.refused.is_some()
+                    || self.stale_attempt(attempt)
                     || epoch < self.epoch
                     || (epoch == self.epoch && self.registered)
                 {
@@ -714,6 +757,29 @@ impl<M> RegionState<M> {
                         error: SendError::Refused(error.clone()),
                         envelope,
                     }));
+                }
+                // The shards still hosted here stop: the coordinator that refused this region
+                // does not count it as theirs (it was downed, or the coordinator has another
+                // shard count or shard function) and may home them elsewhere, so entities
+                // running here would be a second incarnation.
+                let mut hosted: Vec<ShardId> = self
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| {
+                        matches!(
+                            s,
+                            Slot::Local
+                                | Slot::Owner {
+                                    phase: OwnerPhase::Begun { .. } | OwnerPhase::WaitFences { .. },
+                                    ..
+                                }
+                        )
+                    })
+                    .map(|(k, _)| *k)
+                    .collect();
+                hosted.sort_unstable();
+                for shard in hosted {
+                    self.begin_stop(shard, None, None, out);
                 }
             }
             ToRegion::StaleEpoch { epoch } => {
@@ -782,13 +848,21 @@ impl<M> RegionState<M> {
         }
     }
 
-    /// The coordinator does not list the shard: drop the cache; if hosted, stop it.
+    /// The coordinator does not list the shard: drop the cache; if hosted, stop it. A shard
+    /// whose hand-off the same coordinator (epoch) runs is left to that hand-off: the
+    /// coordinator leaves moving shards out of its `RegisterAck`, and stopping the shard here
+    /// would skip the fences its `HandOff` waits for and answer it with no `ShardStopped`.
     fn forget(&mut self, shard: ShardId, out: &mut Vec<RegionAction<M>>) {
+        let epoch = self.epoch;
         match self.slots.get_mut(&shard) {
             Some(Slot::Remote(_)) => {
                 self.slots
                     .insert(shard, Slot::Unknown { last_request: None });
             }
+            Some(Slot::Owner {
+                id: Some(id),
+                phase: OwnerPhase::Begun { .. } | OwnerPhase::WaitFences { .. },
+            }) if id.epoch == epoch => {}
             Some(Slot::Local)
             | Some(Slot::Owner {
                 phase: OwnerPhase::Begun { .. } | OwnerPhase::WaitFences { .. },

@@ -2435,5 +2435,8 @@ fn assert_only_asks_home<M: std::fmt::Debug>(out: &[RegionAction<M>], shard: Sha
 
 mod leave_after_failover;
 mod lost_messages;
+mod peer_input_bounds;
+mod refused_region;
 mod repeated_hand_off;
+mod reregister_mid_hand_off;
 mod unreachable;
