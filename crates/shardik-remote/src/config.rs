@@ -48,6 +48,12 @@ pub struct RemoteConfig {
     /// Capacity of the user lane toward one peer, in frames (default 100 000). When full, new
     /// messages are dropped (drop newest) and recorded as dead letters.
     pub outbound_queue: usize,
+    /// Capacity of each lane toward one peer (user and control) in bytes of encoded frames
+    /// waiting to be written (default 64 MiB), besides the bounds in frames. A frame that
+    /// would take a non-empty lane past it is refused like one over the frame bound (drop
+    /// newest: `SendError::QueueFull`, a dead letter, an ask `Undeliverable`); a frame into
+    /// an empty lane is always taken, so a frame of `max_frame_len` always fits.
+    pub outbound_queue_bytes: usize,
     /// Capacity of the control lane toward one peer, in frames (default 1 024). When full,
     /// new control messages are dropped like user ones.
     pub control_queue: usize,
@@ -115,6 +121,7 @@ impl std::fmt::Debug for RemoteConfig {
             secret,
             max_frame_len,
             outbound_queue,
+            outbound_queue_bytes,
             control_queue,
             write_batch_frames,
             handshake_timeout,
@@ -137,6 +144,7 @@ impl std::fmt::Debug for RemoteConfig {
             .field("secret", &secret.as_ref().map(|s| RedactedSecret(s.len())))
             .field("max_frame_len", max_frame_len)
             .field("outbound_queue", outbound_queue)
+            .field("outbound_queue_bytes", outbound_queue_bytes)
             .field("control_queue", control_queue)
             .field("write_batch_frames", write_batch_frames)
             .field("handshake_timeout", handshake_timeout)
@@ -171,6 +179,7 @@ impl RemoteConfig {
             secret: None,
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             outbound_queue: 100_000,
+            outbound_queue_bytes: 64 << 20,
             control_queue: 1_024,
             write_batch_frames: 1_024,
             handshake_timeout: Duration::from_secs(5),
@@ -214,6 +223,13 @@ impl RemoteConfig {
     /// Sets the user-lane capacity per peer.
     pub fn outbound_queue(mut self, frames: usize) -> Self {
         self.outbound_queue = frames;
+        self
+    }
+
+    /// Sets the byte capacity of each lane per peer (see
+    /// [`RemoteConfig::outbound_queue_bytes`]).
+    pub fn outbound_queue_bytes(mut self, bytes: usize) -> Self {
+        self.outbound_queue_bytes = bytes;
         self
     }
 
@@ -272,6 +288,8 @@ impl RemoteConfig {
         if self.node_id.is_empty() {
             return Err("node_id must not be empty".into());
         }
+        // Other nodes refuse a peer whose id is not one a node can have.
+        crate::handshake::check_node_id(&self.node_id).map_err(|e| format!("node_id: {e}"))?;
         if self.max_frame_len < 1024 {
             return Err("max_frame_len must be at least 1024 bytes".into());
         }
@@ -283,7 +301,11 @@ impl RemoteConfig {
                 u32::MAX
             ));
         }
-        if self.outbound_queue == 0 || self.control_queue == 0 || self.write_batch_frames == 0 {
+        if self.outbound_queue == 0
+            || self.outbound_queue_bytes == 0
+            || self.control_queue == 0
+            || self.write_batch_frames == 0
+        {
             return Err("queue capacities and write_batch_frames must be positive".into());
         }
         if self.backoff_min.is_zero() || self.backoff_max < self.backoff_min {
@@ -354,5 +376,15 @@ mod tests {
         }
         let none = format!("{:?}", RemoteConfig::new("prod", "node-1"));
         assert!(none.contains("secret: None"), "{none}");
+    }
+
+    /// A node id other nodes would refuse in the handshake is refused at start.
+    #[test]
+    fn a_node_id_peers_would_refuse_is_refused() {
+        assert_eq!(RemoteConfig::new("c", "node 1 (east)").validate(), Ok(()));
+        for bad in ["a\nb".to_string(), "x".repeat(256)] {
+            let e = RemoteConfig::new("c", bad).validate().unwrap_err();
+            assert!(e.contains("control characters"), "{e}");
+        }
     }
 }

@@ -11,6 +11,9 @@
 //! | 9 | [`Frame::Reply`] | `u64` reply slot id, then the raw payload |
 //! | 10 | [`Frame::ReplyFailed`] | compact MessagePack `(ids, reason)` |
 //!
+//! A message or a reply failure names at most [`MAX_REPLY_IDS`] reply slots; a frame that
+//! names more is malformed.
+//!
 //! Payloads are never re-encoded by the transport: the user's bytes (MessagePack with named
 //! fields) are appended after the header, and on the receiving side the payload is a
 //! [`Bytes`] slice of the received frame (no copy).
@@ -35,6 +38,55 @@ const KIND_HEARTBEAT_ACK: u8 = 7;
 const KIND_MESSAGE: u8 = 8;
 const KIND_REPLY: u8 = 9;
 const KIND_REPLY_FAILED: u8 = 10;
+
+/// The most reply slots one message (its `ReplyTo` handles) or one reply failure may name.
+/// A sender refuses a message with more ([`SendError::Encode`](crate::SendError::Encode)),
+/// and a receiver takes a frame naming more for a malformed one, refused as soon as the list
+/// announces its length: a peer cannot make this node echo a long list back (a message it
+/// cannot deliver is answered with a failure naming its slots) or look many up at once.
+pub const MAX_REPLY_IDS: usize = 64;
+
+/// Reply slots as read from a peer: at most [`MAX_REPLY_IDS`] of them.
+struct ReplyIds(Vec<u64>);
+
+impl<'de> Deserialize<'de> for ReplyIds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = ReplyIds;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "a list of at most {MAX_REPLY_IDS} reply slots")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ReplyIds, A::Error> {
+                let too_many = |n: String| {
+                    serde::de::Error::custom(format!(
+                        "{n} reply slots named; a frame may name at most {MAX_REPLY_IDS} reply slots"
+                    ))
+                };
+                if let Some(n) = seq.size_hint().filter(|&n| n > MAX_REPLY_IDS) {
+                    return Err(too_many(n.to_string()));
+                }
+                let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(id) = seq.next_element()? {
+                    if ids.len() == MAX_REPLY_IDS {
+                        return Err(too_many("more".into()));
+                    }
+                    ids.push(id);
+                }
+                Ok(ReplyIds(ids))
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
+}
+
+/// Reads a header's reply slots (see [`ReplyIds`]).
+fn bounded_reply_ids<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+    ReplyIds::deserialize(d).map(|ids| ids.0)
+}
 
 /// Who a node is, as told during the handshake.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,8 +266,9 @@ pub struct Envelope {
     pub sender: Option<Arc<str>>,
     /// Type name of the message at the sender, for diagnostics.
     pub type_tag: Arc<str>,
-    /// Reply slots (on the sending node) exported while the payload was encoded; if the
-    /// message cannot be delivered the receiver fails them with [`Frame::ReplyFailed`].
+    /// Reply slots (on the sending node) exported while the payload was encoded, at most
+    /// [`MAX_REPLY_IDS`]; if the message cannot be delivered the receiver fails them with
+    /// [`Frame::ReplyFailed`].
     pub reply_ids: Vec<u64>,
     /// The message, MessagePack with named fields.
     pub payload: Bytes,
@@ -239,6 +292,7 @@ struct HeaderBorrowed<'a> {
     sender: Option<&'a str>,
     #[serde(borrow)]
     type_tag: &'a str,
+    #[serde(deserialize_with = "bounded_reply_ids")]
     reply_ids: Vec<u64>,
 }
 
@@ -517,7 +571,8 @@ impl Frame {
                 Ok(Frame::Reply { id, payload: body })
             }
             KIND_REPLY_FAILED => {
-                let (ids, failure, reason): (Vec<u64>, ReplyFailure, String) = compact(&body)?;
+                let (ReplyIds(ids), failure, reason): (ReplyIds, ReplyFailure, String) =
+                    compact(&body)?;
                 Ok(Frame::ReplyFailed {
                     ids,
                     failure,
@@ -707,6 +762,46 @@ pub(crate) mod tests {
         assert!(Frame::decode_body(Bytes::from_static(&[KIND_MESSAGE, 0, 0, 1, 0, 1])).is_err());
         assert!(Frame::decode_body(Bytes::from_static(&[KIND_HEARTBEAT, 1])).is_err());
         assert!(Frame::decode_body(Bytes::from_static(&[KIND_REPLY, 1, 2])).is_err());
+    }
+
+    /// A message or a reply failure may name at most 64 reply slots: more is a malformed
+    /// frame, refused before the list is read whole. (Before, any number was taken: a peer
+    /// could name 450 000 made-up slots in one 4 MiB frame, which this node then echoed in a
+    /// reply failure of the same size, or made the node look each up under the lock every
+    /// ask of the node takes.)
+    #[test]
+    fn more_reply_slots_than_a_message_may_carry_are_malformed() {
+        let message = |n: u64| {
+            Frame::Message(Envelope {
+                recipient: "/user/echo".into(),
+                sender: None,
+                type_tag: "my::Msg".into(),
+                reply_ids: (1..=n).collect(),
+                payload: Bytes::from_static(b"\x01"),
+            })
+        };
+        let failure = |n: u64| Frame::ReplyFailed {
+            ids: (1..=n).collect(),
+            failure: ReplyFailure::NoReply,
+            reason: "x".into(),
+        };
+        for make in [message as fn(u64) -> Frame, failure] {
+            let encode = |f: Frame| {
+                let mut buf = BytesMut::new();
+                f.encode_body(&mut buf).unwrap();
+                buf.freeze()
+            };
+            let ok = make(64);
+            assert_eq!(Frame::decode_body(encode(ok.clone())).unwrap(), ok);
+            for n in [65, 450_000] {
+                match Frame::decode_body(encode(make(n))) {
+                    Err(FrameError::Malformed(e)) => {
+                        assert!(e.contains("at most 64 reply slots"), "{e}")
+                    }
+                    other => panic!("{n} slots decoded: {:?}", other.map(|_| ())),
+                }
+            }
+        }
     }
 
     #[test]

@@ -34,7 +34,8 @@ use crate::error::{FrameError, HandshakeError};
 use crate::frame::{
     Accept, Challenge, Frame, Hello, Lane, NodeIdentity, Reject, RejectReason, Response,
 };
-use crate::node::{clip, shown};
+use crate::node::{clip, shown, shown_max};
+use crate::remote_ref::check_node_addr;
 
 const ROLE_CONNECTOR: &[u8] = b"shardik-remote/v1/connector";
 const ROLE_ACCEPTOR: &[u8] = b"shardik-remote/v1/acceptor";
@@ -185,6 +186,33 @@ fn compatible(
     Ok(())
 }
 
+/// The longest node id a node may have (checked at start) or a peer may claim.
+pub(crate) const MAX_NODE_ID: usize = 255;
+
+/// Checks a node id: 1 to [`MAX_NODE_ID`] bytes, no control characters. The error quotes
+/// its start, escaped.
+pub(crate) fn check_node_id(node_id: &str) -> Result<(), String> {
+    if node_id.is_empty() || node_id.len() > MAX_NODE_ID || node_id.chars().any(char::is_control) {
+        return Err(format!(
+            "a node id must be 1 to {MAX_NODE_ID} bytes without control characters, got {} \
+             bytes: {}",
+            node_id.len(),
+            shown_max(node_id, 64)
+        ));
+    }
+    Ok(())
+}
+
+/// Why the identity a peer claims is refused, if it is not one a node can have (see
+/// [`check_node_id`] and [`check_node_addr`]): its address becomes the key of the peer's
+/// state here, and both go into log lines and events.
+fn odd_identity(id: &NodeIdentity) -> Option<String> {
+    check_node_id(&id.node_id)
+        .and_then(|()| check_node_addr(&id.addr))
+        .err()
+        .map(|e| format!("the peer's identity is not one a node can have: {e}"))
+}
+
 async fn refuse<W: AsyncWrite + Unpin>(
     w: &mut W,
     local: &Local,
@@ -265,6 +293,9 @@ where
     };
     if let Err((reason, detail)) = compatible(local, ch.version, &ch.cluster, &ch.payload_format) {
         return Err(refuse(w, local, reason, detail).await);
+    }
+    if let Some(detail) = odd_identity(&ch.from) {
+        return Err(refuse(w, local, RejectReason::Protocol, detail).await);
     }
     if let Some(detail) = is_myself(local, &ch.from) {
         return Err(refuse(w, local, RejectReason::Protocol, detail).await);
@@ -350,6 +381,9 @@ where
         compatible(local, hello.version, &hello.cluster, &hello.payload_format)
     {
         return Err(refuse(w, local, reason, detail).await);
+    }
+    if let Some(detail) = odd_identity(&hello.from) {
+        return Err(refuse(w, local, RejectReason::Protocol, detail).await);
     }
     // Before anything is proven for this transcript: with this node on both ends, a relay
     // could pass the two halves of one handshake to each other.
@@ -626,6 +660,43 @@ mod tests {
             matches!(answer, Frame::Reject(ref r) if r.reason == RejectReason::Protocol),
             "refused instead of answering with its own proof: {answer:?}"
         );
+    }
+
+    /// A peer's identity must be one a node can have: a node id of at most 255 bytes
+    /// without control characters, an address `host:port` of at most 300 bytes without
+    /// spaces or control characters. Either side refuses another with a protocol violation
+    /// whose detail quotes it escaped and cut. (Before, any strings were taken: the address
+    /// became the key of the peer's state, and both were logged raw, 60 KB of terminal
+    /// escapes included.)
+    #[tokio::test]
+    async fn an_identity_no_node_can_have_is_refused_by_either_side() {
+        let evil = format!("evil\n\u{1b}[31m{}", "x".repeat(60_000));
+        for (node_id, addr) in [
+            (evil.clone(), "c:1".to_string()),
+            ("c".repeat(256), "c:1".to_string()),
+            ("c".to_string(), evil.clone()),
+            ("c".to_string(), "no-port".to_string()),
+            ("c".to_string(), "c:1\n".to_string()),
+        ] {
+            let mut odd = Local::for_test("c", "k", b"s");
+            odd.me.node_id = node_id;
+            odd.me.addr = addr;
+            let check = |e: HandshakeError| {
+                assert_eq!(e.reason(), Some(RejectReason::Protocol), "{e}");
+                let text = e.to_string();
+                assert!(text.contains("identity"), "{text:.300}");
+                assert!(!text.contains(['\n', '\u{1b}']), "{text:.300}");
+                assert!(text.len() < 800, "{} bytes: {text:.300}", text.len());
+            };
+            // It dials: the acceptor refuses its hello.
+            let (c, a) = run(odd.clone(), Local::for_test("a", "k", b"s")).await;
+            check(a.unwrap_err());
+            assert!(c.is_err());
+            // It accepts: the dialer refuses its challenge.
+            let (c, a) = run(Local::for_test("a", "k", b"s"), odd).await;
+            check(c.unwrap_err());
+            assert!(a.is_err());
+        }
     }
 
     #[tokio::test]

@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::codec::FramedRead;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use crate::codec::{BodyCodec, HANDSHAKE_MAX_FRAME_LEN};
@@ -267,17 +267,23 @@ impl Node {
         forgotten
     }
 
-    fn conn_slot(&self, info: ConnectionInfo) -> (u64, ConnSlot, CancellationToken) {
+    /// A new connection's slot, its id, the token that ends its tasks, and the guard that
+    /// tells a connection replacing it that its reader has stopped (dropped when the reader
+    /// stops, or when the connection fails before it has one).
+    fn conn_slot(&self, info: ConnectionInfo) -> (u64, ConnSlot, CancellationToken, DropGuard) {
         let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let cancel = self.shutdown.child_token();
+        let stopped = CancellationToken::new();
         (
             id,
             ConnSlot {
                 id,
                 info,
                 cancel: cancel.clone(),
+                stopped: stopped.clone(),
             },
             cancel,
+            stopped.drop_guard(),
         )
     }
 
@@ -529,8 +535,9 @@ impl Node {
             outbound: true,
             lane,
         };
-        let (id, slot, cancel) = self.conn_slot(info.clone());
-        let installed = peer.install(slot);
+        let (id, slot, cancel, stopped) = self.conn_slot(info.clone());
+        let mut installed = peer.install(slot);
+        let predecessors = std::mem::take(&mut installed.predecessors);
         self.connection_up(peer, &info, installed);
         let conn = Conn {
             peer: peer.clone(),
@@ -538,6 +545,8 @@ impl Node {
             id,
             remote: remote.clone(),
             cancel,
+            stopped,
+            predecessors,
         };
         self.tasks
             .spawn(run_connection(self.clone(), conn, reader, w));
@@ -554,14 +563,14 @@ impl Node {
         let permit = match self.handshake_slots.try_take(remote_sa.ip()) {
             Ok(slot) => slot,
             Err(refused) => {
-                let n = self.counters.bump(
+                if let Some(n) = self.counters.bump_to_log(
                     &self.counters.handshakes_refused_busy,
                     "shardik_remote_handshakes_refused_busy_total",
-                );
-                if should_log(n) {
+                ) {
                     tracing::warn!(
                         node = %self.local.me.node_id,
                         source = %remote_sa.ip(),
+                        total = n,
                         "{}; closing a new connection",
                         match refused {
                             Refused::Node => format!("{MAX_PENDING} connections are in their handshake"),
@@ -633,9 +642,9 @@ impl Node {
                     outbound: false,
                     lane,
                 };
-                let (id, slot, cancel) = self.conn_slot(info.clone());
+                let (id, slot, cancel, stopped) = self.conn_slot(info.clone());
                 let installed = peer.admit_inbound(&self.local.me, slot)?;
-                admitted = Some((peer, id, cancel, info, installed));
+                admitted = Some((peer, id, (cancel, stopped), info, installed));
                 Ok(())
             },
         )
@@ -646,7 +655,9 @@ impl Node {
                 reader
                     .decoder_mut()
                     .set_max_frame_len(self.cfg.max_frame_len);
-                let (peer, id, cancel, info, installed) = admitted.expect("admitted before accept");
+                let (peer, id, (cancel, stopped), info, mut installed) =
+                    admitted.expect("admitted before accept");
+                let predecessors = std::mem::take(&mut installed.predecessors);
                 self.connection_up(&peer, &info, installed);
                 let conn = Conn {
                     peer,
@@ -654,11 +665,13 @@ impl Node {
                     id,
                     remote,
                     cancel,
+                    stopped,
+                    predecessors,
                 };
                 run_connection(self.clone(), conn, reader, w).await;
             }
             Err(e) => {
-                if let Some((peer, id, cancel, info, installed)) = admitted {
+                if let Some((peer, id, (cancel, _stopped), info, installed)) = admitted {
                     cancel.cancel();
                     // Never reported as connected, so not as disconnected either; but what
                     // it replaced is gone, and a restart it detected is not detected again.
@@ -689,27 +702,26 @@ impl Node {
             }
         };
         let Some(decoder) = self.registry.get_cached(&env.recipient, lookups) else {
-            let n = self.counters.bump(
+            if let Some(n) = self.counters.bump_to_log(
                 &self.counters.unknown_recipient,
                 "shardik_remote_unknown_recipient_total",
-            );
-            if should_log(n) {
+            ) {
                 tracing::error!(
                     node = %self.local.me.node_id,
                     from = %peer.addr,
-                    recipient = %clip(&env.recipient),
-                    message_type = %clip(&env.type_tag),
+                    recipient = %shown(&env.recipient),
+                    message_type = %shown(&env.type_tag),
                     total = n,
                     "message for an unknown recipient dropped"
                 );
             }
             // The path is the sender's input and may be long: the answer quotes its start
-            // only, so a failure costs less to send back than the request did.
+            // only (escaped), so a failure costs less to send back than the request did.
             fail(
                 ReplyFailure::UnknownRecipient,
                 format!(
                     "no actor is registered at {} on {}",
-                    clip(&env.recipient),
+                    shown(&env.recipient),
                     self.addr
                 ),
             );
@@ -737,24 +749,31 @@ impl Node {
                     &self.counters.decode_errors,
                     "shardik_remote_decode_errors_total",
                 );
+                // A decoding error may quote what the peer sent (serde's "unknown variant
+                // `…`" quotes it whole): escaped and bounded, in the log and in the answer.
+                let why = shown_max(&e.to_string(), MAX_FAILURE_REASON);
                 if should_log(n) {
                     tracing::error!(
                         node = %self.local.me.node_id,
                         from = %peer.addr,
-                        recipient = %env.recipient,
-                        sent_type = %clip(&env.type_tag),
+                        recipient = %shown(&env.recipient),
+                        sent_type = %shown(&env.type_tag),
                         total = n,
-                        "message dropped: {e}"
+                        "message dropped: {why}"
                     );
                 }
-                fail(ReplyFailure::Undecodable, e.to_string());
+                fail(ReplyFailure::Undecodable, why);
             }
             Err(e @ DecodeError::Refused(_)) => {
                 self.counters.bump(
                     &self.counters.recipient_refused,
                     "shardik_remote_recipient_refused_total",
                 );
-                fail(ReplyFailure::RecipientRefused, e.to_string());
+                // A decoder registered by hand says what it likes.
+                fail(
+                    ReplyFailure::RecipientRefused,
+                    shown_max(&e.to_string(), MAX_FAILURE_REASON),
+                );
             }
         }
     }
@@ -806,11 +825,12 @@ impl Node {
                     tracing::debug!(from = %peer.addr, peer = %remote.node_id, id, "reply for a slot that waits on another node dropped");
                 }
                 Err(e) => {
-                    let n = self.counters.bump(
+                    if let Some(n) = self.counters.bump_to_log(
                         &self.counters.reply_decode_errors,
                         "shardik_remote_reply_decode_errors_total",
-                    );
-                    if should_log(n) {
+                    ) {
+                        // May quote what the peer sent.
+                        let e = shown_max(&e, MAX_FAILURE_REASON);
                         tracing::error!(from = %peer.addr, id, total = n, "reply dropped: {e}");
                     }
                 }
@@ -850,11 +870,14 @@ impl Node {
             | Frame::Response(_)
             | Frame::Accept(_)
             | Frame::Reject(_) => {
-                self.counters.bump(
+                let n = self.counters.bump(
                     &self.counters.connections_rejected,
                     "shardik_remote_connections_rejected_total",
                 );
-                tracing::error!(from = %peer.addr, "handshake frame on an established connection; closing it");
+                // A peer can do this at will (and reconnect): rate-limited.
+                if should_log(n) {
+                    tracing::error!(from = %peer.addr, total = n, "handshake frame on an established connection; closing it");
+                }
                 return false;
             }
         }
@@ -1239,6 +1262,11 @@ struct Conn {
     id: u64,
     remote: NodeIdentity,
     cancel: CancellationToken,
+    /// Tells a connection that replaces this one that its reader has stopped, when dropped.
+    stopped: DropGuard,
+    /// The connections this one replaced, whose readers must have stopped before this one
+    /// handles anything (see [`Installed::predecessors`](crate::peer::Installed)).
+    predecessors: Vec<CancellationToken>,
 }
 
 /// Runs an established connection: a writer task, a heartbeat task, and the reader here.
@@ -1257,7 +1285,11 @@ async fn run_connection<R, W>(
         id,
         remote,
         cancel,
+        stopped,
+        predecessors,
     } = conn;
+    // Dropped last, when the reader has stopped handling frames (after `_end`, below).
+    let _stopped = stopped;
     // Ends the connection when the reader stops, however it stops: a panic in this task
     // (a bug) must not leave the writer and heartbeat tasks running and the lane looking
     // connected, with nothing read from it again.
@@ -1282,6 +1314,17 @@ async fn run_connection<R, W>(
         lane,
         cancel.clone(),
     ));
+    // The connections this one replaced may still be handling frames they had read (up to
+    // a burst, before they look at their cancellation): what the peer sent on them came
+    // before what it sends on this one, so this reader waits until they have stopped.
+    // (Before, both ran at once, and a later message could overtake earlier ones.)
+    for before in &predecessors {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return,
+            _ = before.cancelled() => {}
+        }
+    }
     let idle = node.cfg.idle_timeout;
     let mut delayer: Option<Delayer> = None;
     let mut headers = HeaderCache::default();
@@ -1320,11 +1363,15 @@ async fn run_connection<R, W>(
                 }
                 Some(Err(e)) => {
                     if !matches!(e, crate::error::FrameError::Io(_)) {
-                        node.counters.bump(
+                        let n = node.counters.bump(
                             &node.counters.connections_rejected,
                             "shardik_remote_connections_rejected_total",
                         );
-                        tracing::error!(peer = %remote.node_id, peer_addr = %peer.addr, lane = lane.as_str(), "closing the connection: {e}");
+                        // A peer can do this at will (and reconnect): rate-limited.
+                        if should_log(n) {
+                            let e = shown(&e.to_string());
+                            tracing::error!(peer = %remote.node_id, peer_addr = %peer.addr, lane = lane.as_str(), total = n, "closing the connection: {e}");
+                        }
                         node.event(RemoteEvent::ConnectionRejected {
                             addr: peer.addr.to_string(),
                             error: e.to_string(),
@@ -1362,11 +1409,12 @@ async fn run_connection<R, W>(
                     }
                 }
                 Err(e) => {
-                    let n = node.counters.bump(
+                    if let Some(n) = node.counters.bump_to_log(
                         &node.counters.malformed_frames,
                         "shardik_remote_malformed_frames_total",
-                    );
-                    if should_log(n) {
+                    ) {
+                        // May quote what the peer sent (an unknown variant's name).
+                        let e = shown_max(&e.to_string(), MAX_FAILURE_REASON);
                         tracing::error!(peer = %remote.node_id, total = n, "skipping a frame that does not parse: {e}");
                     }
                 }
@@ -1509,9 +1557,40 @@ async fn yield_once() {
     .await
 }
 
+/// Why a segment was not written.
+enum WriteFailed {
+    /// A write or the flush made no progress for the stall limit.
+    Stalled,
+    /// The stream failed.
+    Io(std::io::Error),
+}
+
+/// Writes `bytes` whole and flushes, failing as [`WriteFailed::Stalled`] if a write or the
+/// flush makes no progress for `stall`: the peer has stopped reading. A slow peer that
+/// reads a little at a time is not cut off.
+async fn write_segment<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    mut bytes: &[u8],
+    stall: Duration,
+) -> Result<(), WriteFailed> {
+    while !bytes.is_empty() {
+        match tokio::time::timeout(stall, writer.write(bytes)).await {
+            Err(_) => return Err(WriteFailed::Stalled),
+            Ok(Ok(0)) => return Err(WriteFailed::Io(std::io::ErrorKind::WriteZero.into())),
+            Ok(Ok(n)) => bytes = &bytes[n..],
+            Ok(Err(e)) => return Err(WriteFailed::Io(e)),
+        }
+    }
+    match tokio::time::timeout(stall, writer.flush()).await {
+        Err(_) => Err(WriteFailed::Stalled),
+        Ok(res) => res.map_err(WriteFailed::Io),
+    }
+}
+
 /// Drains the `lane` queue of the peer: each segment of already encoded frames (up to
-/// `write_batch_frames` user frames, or every queued control frame) is written with one
-/// `write_all` and flushed, and its buffer goes back to the queue for reuse.
+/// `write_batch_frames` user frames, or every queued control frame) is written whole and
+/// flushed, and its buffer goes back to the queue for reuse. A write that makes no progress
+/// for `idle_timeout` closes the connection.
 async fn write_loop<W: AsyncWrite + Unpin>(
     node: Arc<Node>,
     peer: Arc<Peer>,
@@ -1521,6 +1600,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     cancel: CancellationToken,
 ) {
     let queue = &peer.link(lane).queue;
+    // A write that makes no progress for this long (the peer reads nothing, although it
+    // may keep sending) closes the connection; the idle timeout only watches what arrives.
+    let stall = node.cfg.idle_timeout;
     // Whether the last write carried more than one frame: traffic comes in bursts.
     let mut bursty = false;
     loop {
@@ -1566,15 +1648,33 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         let res = tokio::select! {
             biased;
             _ = cancel.cancelled() => break,
-            r = async {
-                writer.write_all(&segment.bytes).await?;
-                writer.flush().await
-            } => r,
+            r = write_segment(&mut writer, &segment.bytes, stall) => r,
         };
-        if let Err(e) = res {
-            tracing::debug!(peer = %remote_id, "write failed: {e}");
-            cancel.cancel();
-            break;
+        match res {
+            Ok(()) => {}
+            Err(WriteFailed::Stalled) => {
+                if let Some(n) = node.counters.bump_to_log(
+                    &node.counters.write_stalls,
+                    "shardik_remote_write_stalls_total",
+                ) {
+                    tracing::warn!(
+                        node = %node.local.me.node_id,
+                        peer = %remote_id,
+                        peer_addr = %peer.addr,
+                        lane = lane.as_str(),
+                        ?stall,
+                        total = n,
+                        "the peer has read nothing we wrote for the idle timeout; closing the connection"
+                    );
+                }
+                cancel.cancel();
+                break;
+            }
+            Err(WriteFailed::Io(e)) => {
+                tracing::debug!(peer = %remote_id, "write failed: {e}");
+                cancel.cancel();
+                break;
+            }
         }
         node.counters.write_batches.fetch_add(1, Ordering::Relaxed);
         node.counters
@@ -1590,245 +1690,4 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 }
 
 #[cfg(test)]
-mod tests {
-    /// The accept loop's warnings: the first failure, then one per period with the number
-    /// not logged since; the back-off is longest when descriptors or memory ran out.
-    #[cfg(unix)]
-    #[test]
-    fn accept_errors_are_logged_rarely_and_backed_off() {
-        use super::{accept_backoff, AcceptErrorLog, ACCEPT_ERROR_LOG_EVERY};
-        let t0 = tokio::time::Instant::now();
-        let mut log = AcceptErrorLog::default();
-        assert_eq!(log.failed(t0), Some(0));
-        let ms = Duration::from_millis;
-        let logged: Vec<_> = (1..=2_500u64)
-            .filter_map(|i| log.failed(t0 + ms(10 * i)))
-            .collect();
-        // 25 s of failures every 10 ms: two more lines, each counting what it stood for.
-        assert_eq!(logged, vec![999, 999]);
-        assert_eq!(log.failed(t0 + ACCEPT_ERROR_LOG_EVERY * 3), Some(500));
-
-        let os = std::io::Error::from_raw_os_error;
-        assert_eq!(accept_backoff(&os(24)), Duration::from_secs(1), "EMFILE");
-        assert_eq!(accept_backoff(&os(23)), Duration::from_secs(1), "ENFILE");
-        assert_eq!(
-            accept_backoff(&std::io::ErrorKind::OutOfMemory.into()),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            accept_backoff(&std::io::ErrorKind::ConnectionAborted.into()),
-            Duration::ZERO
-        );
-        assert_eq!(accept_backoff(&std::io::ErrorKind::Other.into()), ms(10));
-    }
-
-    use super::{clip, shown, shown_max};
-
-    use std::time::Duration;
-
-    use bytes::BytesMut;
-    use futures_util::StreamExt;
-    use serde::{Deserialize, Serialize};
-    use shardik_actor::{Actor, ActorError, ActorSystem, AskError, Context, ReplyTo};
-    use tokio::io::AsyncWriteExt;
-    use tokio::sync::mpsc;
-    use tokio_util::codec::FramedRead;
-
-    use crate::codec::{encode_frame, BodyCodec};
-    use crate::frame::{Frame, Lane, NodeIdentity, ReplyFailure};
-    use crate::{Remote, RemoteConfig};
-
-    const T: Duration = Duration::from_secs(5);
-
-    #[derive(Serialize, Deserialize)]
-    struct Hold {
-        reply: ReplyTo<u64>,
-    }
-
-    /// Keeps the reply handle of each request and hands it to the test.
-    struct Holder(mpsc::UnboundedSender<ReplyTo<u64>>);
-
-    impl Actor for Holder {
-        type Msg = Hold;
-        async fn handle(&mut self, msg: Hold, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
-            let _ = self.0.send(msg.reply);
-            Ok(())
-        }
-    }
-
-    async fn node(id: &str) -> (ActorSystem, Remote) {
-        let system = ActorSystem::new(id);
-        let config = RemoteConfig::new("test", id)
-            .secret(b"test secret: 32 bytes or more....".to_vec())
-            .backoff(Duration::from_millis(10), Duration::from_millis(200));
-        let remote = Remote::start(&system, config).await.expect("remote starts");
-        (system, remote)
-    }
-
-    /// A peer on a raw connection: it passed the handshake (it knows the secret) and then
-    /// sends whatever frames it likes.
-    struct RawPeer {
-        reader: FramedRead<tokio::net::tcp::OwnedReadHalf, BodyCodec>,
-        writer: tokio::net::tcp::OwnedWriteHalf,
-    }
-
-    impl RawPeer {
-        async fn connect(to: &Remote, me: NodeIdentity) -> RawPeer {
-            let mut local = to.node.local.clone();
-            local.me = me;
-            let (r, mut writer) = tokio::net::TcpStream::connect(to.addr())
-                .await
-                .unwrap()
-                .into_split();
-            let mut reader = FramedRead::new(r, BodyCodec::new(local.max_frame_len));
-            let deadline = tokio::time::Instant::now() + T;
-            crate::handshake::connect(&mut reader, &mut writer, &local, Lane::User, deadline)
-                .await
-                .expect("the raw peer passes the handshake");
-            RawPeer { reader, writer }
-        }
-
-        /// The reply slots of the next message sent to it.
-        async fn next_request(&mut self) -> Vec<u64> {
-            loop {
-                let body = tokio::time::timeout(T, self.reader.next())
-                    .await
-                    .expect("a frame in time")
-                    .expect("connection open")
-                    .unwrap();
-                if let Frame::Message(env) = Frame::decode_body(body).unwrap() {
-                    return env.reply_ids;
-                }
-            }
-        }
-
-        async fn send(&mut self, frames: &[Frame]) {
-            let mut buf = BytesMut::new();
-            for f in frames {
-                encode_frame(f, &mut buf, crate::codec::DEFAULT_MAX_FRAME_LEN).unwrap();
-            }
-            self.writer.write_all(&buf).await.unwrap();
-        }
-    }
-
-    fn reply(id: u64, n: u64) -> Frame {
-        Frame::Reply {
-            id,
-            payload: rmp_serde::to_vec(&n).unwrap().into(),
-        }
-    }
-
-    /// A peer answers only the asks whose requests went to it: replies and reply failures
-    /// it sends for slots of asks sent to another node are ignored (counted in
-    /// `replies_unmatched`), and those asks get their own node's answer. The reason of a
-    /// failure it sends reaches the asker bounded, with control characters escaped. (Before,
-    /// a peer that got one request could guess the sequential slot numbers of asks sent to
-    /// other nodes and answer or fail them all, and its reason went into the asker's error
-    /// whole: up to 4 MiB, terminal escapes included.)
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_peer_answers_only_the_asks_sent_to_it() {
-        let (_sys_v, v) = node("v").await;
-        let (sys_q, q) = node("q").await;
-        let (held_tx, mut held) = mpsc::unbounded_channel();
-        q.register("/user/hold", sys_q.spawn(Holder(held_tx)));
-        let mallory = NodeIdentity {
-            node_id: "mallory".into(),
-            incarnation: 1,
-            addr: "mallory:1".into(),
-        };
-        let mut m = RawPeer::connect(&v, mallory.clone()).await;
-
-        // v asks mallory, then q: their slots are consecutive.
-        let to_m = v.lookup::<Hold>("/user/hold", &mallory.addr);
-        let ask_m = {
-            let to_m = to_m.clone();
-            tokio::spawn(async move { to_m.ask(|reply| Hold { reply }, T).await })
-        };
-        let [own] = m.next_request().await[..] else {
-            panic!("one reply slot")
-        };
-        let to_q = v.lookup::<Hold>("/user/hold", q.addr());
-        let ask_q = tokio::spawn(async move { to_q.ask(|reply| Hold { reply }, T).await });
-        let at_q = tokio::time::timeout(T, held.recv()).await.unwrap().unwrap();
-
-        // Mallory answers and fails the slots after its own, then answers its own ask: once
-        // that is answered, v has handled the rest (one connection, read in order).
-        let mut forged: Vec<Frame> = (own + 1..=own + 100).map(|id| reply(id, 999)).collect();
-        forged.push(Frame::ReplyFailed {
-            ids: (own + 1..=own + 100_000).collect(),
-            failure: ReplyFailure::Undeliverable,
-            reason: "forged".into(),
-        });
-        forged.push(reply(own, 5));
-        m.send(&forged).await;
-        assert_eq!(ask_m.await.unwrap(), Ok(5), "mallory answers its own ask");
-        assert_eq!(
-            v.stats().replies_unmatched,
-            101,
-            "one forged reply and one forged failure for q's slot, 99 replies for no slot"
-        );
-        at_q.reply(43);
-        assert_eq!(
-            ask_q.await.unwrap(),
-            Ok(43),
-            "the ask sent to q gets q's answer"
-        );
-
-        // A failure's reason reaches the asker bounded and escaped.
-        let ask_m = tokio::spawn(async move { to_m.ask(|reply| Hold { reply }, T).await });
-        let [own] = m.next_request().await[..] else {
-            panic!("one reply slot")
-        };
-        let reason = format!("bad\n\u{1b}[31m{}", "x".repeat(100_000));
-        let sent = reason.len();
-        m.send(&[Frame::ReplyFailed {
-            ids: vec![own],
-            failure: ReplyFailure::Undeliverable,
-            reason,
-        }])
-        .await;
-        match ask_m.await.unwrap() {
-            Err(AskError::Undeliverable(why)) => {
-                assert!(why.starts_with("bad\\n\\u{1b}[31mxxx"), "{why:.40}");
-                assert!(why.ends_with(&format!("… ({sent} bytes)")), "{why:.40}");
-                assert!(why.len() < 1100, "{} bytes", why.len());
-            }
-            other => panic!("expected Undeliverable, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn clip_keeps_short_strings_and_cuts_long_ones_on_a_char_boundary() {
-        assert_eq!(clip("/user/echo"), "/user/echo");
-        let long = "é".repeat(150); // 300 bytes, 2 per char
-        let cut = clip(&long);
-        assert!(cut.starts_with(&"é".repeat(100)), "{cut}");
-        assert!(cut.ends_with("… (300 bytes)"), "{cut}");
-        assert_eq!(shown("a\nb\u{1b}[31m"), "a\\nb\\u{1b}[31m");
-        assert!(shown(&"x".repeat(70_000)).ends_with("… (70000 bytes)"));
-        assert!(cut.len() < 220);
-    }
-
-    /// The cut comes after escaping: a string of control characters, each escaped into up
-    /// to 6 bytes, still comes out at most `max` bytes and the marker, and no escape is cut
-    /// in two. (Before, the first `max` bytes were kept and then escaped: these 2 000
-    /// control characters cut to 1 KiB came out at 4.4 KiB, and up to 6 KiB is possible.)
-    #[test]
-    fn shown_cuts_after_escaping() {
-        let controls: String = (0..2_000).map(|i| ['\u{1b}', '\n', '\0'][i % 3]).collect();
-        let marker = "… (2000 bytes)";
-        let out = shown_max(&controls, 1024);
-        assert!(out.ends_with(marker), "{out:.60}");
-        let body = &out[..out.len() - marker.len()];
-        assert!(body.len() <= 1024, "{} bytes", body.len());
-        assert!(body.len() > 1024 - 6, "{} bytes", body.len());
-        assert!(body.starts_with("\\u{1b}\\n\\u{0}\\u{1b}"), "{body:.40}");
-        assert!(body.ends_with('}') || body.ends_with("\\n"), "{body}");
-        let short = shown_max(&"\u{1b}".repeat(100), 1024);
-        assert_eq!(short, "\\u{1b}".repeat(100));
-        // Multi-byte characters are kept whole.
-        let out = shown_max(&"é".repeat(600), 1024);
-        assert!(out.starts_with(&"é".repeat(512)), "{out:.40}");
-        assert!(out.ends_with("… (1200 bytes)"), "{out:.40}");
-    }
-}
+mod tests;

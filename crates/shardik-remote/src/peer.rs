@@ -44,6 +44,9 @@ pub(crate) struct ConnSlot {
     pub(crate) id: u64,
     pub(crate) info: ConnectionInfo,
     pub(crate) cancel: CancellationToken,
+    /// Cancelled once the connection's reader has stopped handling frames (or the
+    /// connection never got one): a connection that replaces it reads from then on.
+    pub(crate) stopped: CancellationToken,
 }
 
 /// Per-lane state of a peer.
@@ -93,6 +96,11 @@ pub(crate) struct Installed {
     /// Lanes whose installed connection this one replaced (closed): their ends no longer
     /// find themselves installed, so the caller accounts for them here.
     pub(crate) replaced: Vec<Lane>,
+    /// The [`ConnSlot::stopped`] tokens of the connections this one replaced: its reader
+    /// handles nothing before they are all cancelled, so that what the peer sent on a
+    /// replaced connection and this node reads is never overtaken by what it sent later on
+    /// this one.
+    pub(crate) predecessors: Vec<CancellationToken>,
 }
 
 /// One lane toward the peer: its queue, the dialer's wake-up and whether it is connected.
@@ -164,7 +172,7 @@ fn rank(id: &NodeIdentity) -> (&str, u64, &str) {
 impl Peer {
     pub(crate) fn new(node: &Arc<Node>, addr: Arc<str>) -> Arc<Peer> {
         let link = |cap, per_write| LaneLink {
-            queue: OutQueue::new(cap, per_write),
+            queue: OutQueue::new(cap, per_write, node.cfg.outbound_queue_bytes),
             wake: Notify::new(),
             other_up: Notify::new(),
             up: Notify::new(),
@@ -284,20 +292,22 @@ impl Peer {
         };
         match err {
             NotQueued::Full => {
-                let n = node.counters.bump(
+                if let Some(n) = node.counters.bump_to_log(
                     &node.counters.dropped_queue_full,
                     "shardik_remote_dropped_queue_full_total",
-                );
-                if should_log(n) {
+                ) {
                     tracing::error!(peer = %self.addr, total = n, "outbound queue full: reply dropped; the asker will time out");
                 }
             }
             NotQueued::Encode(e) => {
-                node.counters.bump(
+                let n = node.counters.bump(
                     &node.counters.dropped_too_large,
                     "shardik_remote_dropped_too_large_total",
                 );
-                tracing::error!(peer = %self.addr, "reply not sent: {e}");
+                // A peer can ask for answers too large to send at will.
+                if should_log(n) {
+                    tracing::error!(peer = %self.addr, total = n, "reply not sent: {e}");
+                }
                 if let Some(id) = failed_id {
                     self.send_reply(Frame::ReplyFailed {
                         ids: vec![id],
@@ -407,6 +417,7 @@ impl Peer {
         let lane = slot.info.lane;
         let new = &slot.info.peer;
         let mut replaced = Vec::new();
+        let mut predecessors = Vec::new();
         let restarted = match &st.remote {
             Some(r) if r.incarnation != new.incarnation => {
                 // Requests sent before the old incarnation's first connection ended went to
@@ -423,6 +434,7 @@ impl Peer {
                         old.cancel.cancel();
                         link.queue.release(old.id);
                         replaced.push(old.info.lane);
+                        predecessors.push(old.stopped);
                     }
                     l.ended_at = None;
                     // No old writer takes frames any more (also not that of a connection
@@ -445,6 +457,7 @@ impl Peer {
         if let Some(old) = l.conn.take() {
             old.cancel.cancel();
             replaced.push(lane);
+            predecessors.push(old.stopped);
         }
         l.ended_at = None;
         // From here on only this connection's writer takes the lane's frames: the replaced
@@ -461,6 +474,7 @@ impl Peer {
             restarted,
             first,
             replaced,
+            predecessors,
         }
     }
 

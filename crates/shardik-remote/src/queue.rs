@@ -1,5 +1,5 @@
-//! The outbound queue of one lane toward one peer: bounded, with the drop-newest overflow
-//! policy, drained by the writer of that lane's connection.
+//! The outbound queue of one lane toward one peer: bounded in frames and in bytes, with the
+//! drop-newest overflow policy, drained by the writer of that lane's connection.
 //!
 //! The queue holds frames already encoded, length prefix included, in the bytes the writer
 //! hands to the socket: a sender encodes its frame on its own thread (into a per-thread
@@ -41,6 +41,8 @@ struct Inner {
     segments: VecDeque<Segment>,
     /// Frames in all segments.
     frames: usize,
+    /// Bytes in all segments.
+    bytes: usize,
     /// Emptied buffers the writer gave back.
     spare: Vec<BytesMut>,
     /// The connection whose writer may take frames, if any.
@@ -55,28 +57,35 @@ const KEEP_SPARE: usize = 2;
 pub(crate) struct OutQueue {
     inner: Mutex<Inner>,
     cap: usize,
+    /// Bytes the waiting frames may take (a frame into an empty queue is always taken).
+    max_bytes: usize,
     per_write: usize,
     /// Wakes the writer (one waiter at a time; a notification without a waiter is kept).
     pub(crate) ready: Notify,
 }
 
 impl OutQueue {
-    /// A queue of at most `cap` frames, cut into writes of at most `per_write` frames.
-    pub(crate) fn new(cap: usize, per_write: usize) -> Self {
+    /// A queue of at most `cap` frames and `max_bytes` bytes (but always room for one
+    /// frame), cut into writes of at most `per_write` frames.
+    pub(crate) fn new(cap: usize, per_write: usize, max_bytes: usize) -> Self {
         OutQueue {
             inner: Mutex::new(Inner::default()),
             cap,
+            max_bytes,
             per_write: per_write.max(1),
             ready: Notify::new(),
         }
     }
 
     /// Queues one encoded frame (`frame` is its length prefix and body), or refuses it if
-    /// the queue is full.
+    /// the queue is full: it holds `cap` frames, or the frame would take it past
+    /// `max_bytes` (unless it is empty).
     pub(crate) fn push(&self, frame: &[u8]) -> Result<(), Full> {
         let was_empty = {
             let mut q = self.inner.lock();
-            if q.frames >= self.cap {
+            if q.frames >= self.cap
+                || (q.frames > 0 && q.bytes.saturating_add(frame.len()) > self.max_bytes)
+            {
                 return Err(Full::Full);
             }
             let was_empty = q.frames == 0;
@@ -89,6 +98,7 @@ impl OutQueue {
             seg.bytes.extend_from_slice(frame);
             seg.frames += 1;
             q.frames += 1;
+            q.bytes += frame.len();
             was_empty
         };
         // The writer takes segments until the queue is empty before it waits again, so only
@@ -99,9 +109,11 @@ impl OutQueue {
         Ok(())
     }
 
-    /// Whether a push would be refused now.
+    /// Whether a push would be refused now, whatever its size (the queue holds `cap`
+    /// frames or `max_bytes` bytes).
     pub(crate) fn is_full(&self) -> bool {
-        self.inner.lock().frames >= self.cap
+        let q = self.inner.lock();
+        q.frames >= self.cap || q.bytes >= self.max_bytes
     }
 
     /// Makes connection `writer` the only one whose writer takes frames, and wakes it if
@@ -139,6 +151,7 @@ impl OutQueue {
         }
         let seg = q.segments.pop_front()?;
         q.frames -= seg.frames;
+        q.bytes -= seg.bytes.len();
         Some(seg)
     }
 
@@ -171,6 +184,7 @@ impl OutQueue {
                 return (0, Vec::new());
             }
             q.frames = 0;
+            q.bytes = 0;
             std::mem::take(&mut q.segments)
         };
         let frames = segments.iter().map(|seg| seg.frames).sum();
@@ -213,7 +227,7 @@ mod tests {
 
     #[test]
     fn bounded_drop_newest_and_fifo_segments() {
-        let q = OutQueue::new(3, 2);
+        let q = OutQueue::new(3, 2, usize::MAX);
         q.assign(1);
         q.push(b"a").unwrap();
         q.push(b"b").unwrap();
@@ -232,6 +246,33 @@ mod tests {
         assert!(q.take(1).is_none());
     }
 
+    /// The bytes waiting are bounded too: a frame that would take a non-empty queue past
+    /// the bound is refused, one into an empty queue is always taken, and what a writer
+    /// takes makes room again.
+    #[test]
+    fn bounded_in_bytes_with_room_for_one_frame() {
+        let q = OutQueue::new(100, 10, 10);
+        q.assign(1);
+        q.push(&[1; 25])
+            .expect("an empty queue takes a frame of any size");
+        assert!(q.is_full());
+        assert_eq!(q.push(b"x"), Err(Full::Full));
+        q.take(1).unwrap();
+        q.push(&[2; 6]).unwrap();
+        q.push(&[3; 4]).unwrap();
+        assert!(q.is_full());
+        assert_eq!(q.push(b"y"), Err(Full::Full));
+        assert_eq!(q.len(), 2);
+        q.unassign();
+        assert_eq!(q.drop_waiting().0, 2);
+        q.push(&[4; 10]).unwrap();
+        assert_eq!(
+            q.push(b"z"),
+            Err(Full::Full),
+            "dropped frames no longer count, these do"
+        );
+    }
+
     /// A whole message frame naming reply slots `ids`.
     fn message(ids: &[u64]) -> Vec<u8> {
         let header = crate::frame::message_header("/user/a", None, "t::Msg", ids).unwrap();
@@ -246,7 +287,7 @@ mod tests {
     /// other frames; those of frames a writer took are not.
     #[test]
     fn the_reply_slots_of_waiting_message_frames_are_found() {
-        let q = OutQueue::new(10, 2);
+        let q = OutQueue::new(10, 2, usize::MAX);
         q.assign(1);
         q.push(&message(&[1, 2])).unwrap();
         q.push(&message(&[])).unwrap();
@@ -264,7 +305,7 @@ mod tests {
 
     #[test]
     fn recycled_buffers_are_reused_empty() {
-        let q = OutQueue::new(10, 1);
+        let q = OutQueue::new(10, 1, usize::MAX);
         q.assign(1);
         q.push(b"xyz").unwrap();
         let seg = q.take(1).unwrap();
@@ -279,7 +320,7 @@ mod tests {
     #[test]
     fn only_the_push_that_fills_an_empty_queue_wakes_the_writer() {
         use futures_util::FutureExt;
-        let q = OutQueue::new(10, 10);
+        let q = OutQueue::new(10, 10, usize::MAX);
         q.assign(1);
         q.push(b"1").unwrap();
         q.push(b"2").unwrap();
@@ -295,7 +336,7 @@ mod tests {
     #[test]
     fn only_the_current_connections_writer_takes_frames() {
         use futures_util::FutureExt;
-        let q = OutQueue::new(10, 10);
+        let q = OutQueue::new(10, 10, usize::MAX);
         // Frames queued while no connection is up wait for one.
         q.push(b"1").unwrap();
         assert!(q.ready.notified().now_or_never().is_some());

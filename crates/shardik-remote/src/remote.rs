@@ -64,6 +64,10 @@ impl Remote {
                 )));
             }
         }
+        // Other nodes refuse a peer that advertises anything else.
+        crate::remote_ref::check_node_addr(&addr).map_err(|e| {
+            RemoteError::Config(format!("this node cannot advertise {addr:?}: {e}"))
+        })?;
         let incarnation = loop {
             let n =
                 getrandom::u64().map_err(|e| RemoteError::Config(format!("no randomness: {e}")))?;

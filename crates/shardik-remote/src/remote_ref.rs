@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use crate::error::FrameError;
 use crate::frame::{
     begin_message, finish_frame, message_header, replace_message_header, ReplyFailure,
+    MAX_REPLY_IDS,
 };
 use crate::node::Node;
 use crate::peer::Peer;
@@ -194,6 +195,14 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
         control: bool,
         before_queue: impl FnOnce(&[u64]),
     ) -> Result<(), SendError> {
+        if ids.len() > MAX_REPLY_IDS {
+            // The receiver would take the frame for a malformed one.
+            return Err(SendError::Encode(format!(
+                "the message carries {} reply handles (ReplyTo); at most {MAX_REPLY_IDS} may \
+                 travel in one message",
+                ids.len()
+            )));
+        }
         if !ids.is_empty() {
             let header = message_header(&self.path, None, &self.type_tag, ids)
                 .map_err(|e| SendError::Encode(e.to_string()))?;
@@ -390,26 +399,29 @@ impl<'de, M: Serialize + Send + 'static> Deserialize<'de> for RemoteRef<M> {
                     "a RemoteRef can only be decoded by the remote layer (in a received message)",
                 )
             })?;
-        check_node_addr(&w.node).map_err(serde::de::Error::custom)?;
+        check_node_addr(&w.node)
+            .map_err(|e| serde::de::Error::custom(format!("a RemoteRef's {e}")))?;
         let peer = node.peer(&w.node);
         Ok(RemoteRef::new(node, peer, w.path.as_ref().into()))
     }
 }
 
-/// The longest node address a received [`RemoteRef`] may carry (a DNS name is at most 253
-/// bytes; with brackets, a colon and a port 262 would do).
-const MAX_NODE_ADDR: usize = 300;
+/// The longest node address a peer may tell (in a received [`RemoteRef`] or its handshake):
+/// a DNS name is at most 253 bytes; with brackets, a colon and a port 262 would do.
+pub(crate) const MAX_NODE_ADDR: usize = 300;
 
-/// Checks a node address that came from the network: `host:port`, with a non-empty host, a
-/// port number, no spaces or control characters, and a sane length. Every address a node
+/// Checks a node address that came from the network (a [`RemoteRef`] in a message, the
+/// address a peer advertises in its handshake): `host:port`, with a non-empty host, a port
+/// number, no spaces or control characters, and a sane length. Every address a node
 /// advertises has this shape; anything else would only make a peer that can never connect.
-fn check_node_addr(addr: &str) -> Result<(), String> {
+/// The error quotes the address's start, escaped.
+pub(crate) fn check_node_addr(addr: &str) -> Result<(), String> {
     let shown = || addr.chars().take(64).collect::<String>();
     if addr.len() > MAX_NODE_ADDR {
         return Err(format!(
-            "a RemoteRef's node address is {} bytes long (at most {MAX_NODE_ADDR}): {}…",
+            "node address is {} bytes long (at most {MAX_NODE_ADDR}): {}",
             addr.len(),
-            shown()
+            crate::node::shown_max(addr, 64)
         ));
     }
     let well_formed = !addr.chars().any(|c| c.is_whitespace() || c.is_control())
@@ -417,10 +429,7 @@ fn check_node_addr(addr: &str) -> Result<(), String> {
             .rsplit_once(':')
             .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
     if !well_formed {
-        return Err(format!(
-            "a RemoteRef's node address must be host:port, got {:?}",
-            shown()
-        ));
+        return Err(format!("node address must be host:port, got {:?}", shown()));
     }
     Ok(())
 }

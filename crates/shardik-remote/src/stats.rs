@@ -61,6 +61,9 @@ counters! {
     /// Connections closed for a protocol violation (oversized frame, i/o error mid-frame,
     /// handshake frames after the handshake).
     connections_rejected,
+    /// Connections closed because their writer made no progress for `idle_timeout` while
+    /// it had frames to write: the peer read nothing (although it may have kept sending).
+    write_stalls,
     /// Dials of a peer that failed (no connection, or no handshake), per lane and attempt;
     /// not those the peer refused as a duplicate (simultaneous connects).
     dial_failures,
@@ -102,6 +105,12 @@ counters! {
 impl Counters {
     pub(crate) fn bump(&self, c: &AtomicU64, metric: &'static str) -> u64 {
         self.add(c, metric, 1)
+    }
+
+    /// [`bump`](Self::bump), then the new total if it is one to log ([`should_log`]): the
+    /// first ten, then every thousandth.
+    pub(crate) fn bump_to_log(&self, c: &AtomicU64, metric: &'static str) -> Option<u64> {
+        Some(self.bump(c, metric)).filter(|&n| should_log(n))
     }
 
     /// Adds `n` to `c` and its metric; returns the new total.

@@ -313,6 +313,34 @@ async fn full_outbound_queue_drops_newest_with_a_dead_letter() {
     assert!(matches!(res, Err(AskError::Undeliverable(_))), "{res:?}");
 }
 
+/// The queue toward a peer is bounded in bytes too (`outbound_queue_bytes`): large messages
+/// are refused once it holds that much, like any message once it holds `outbound_queue`
+/// frames. (Before, only frames were counted: 100 000 frames of up to 4 MiB each.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbound_queue_is_bounded_in_bytes() {
+    #[derive(Serialize)]
+    struct Blob(Vec<u8>);
+    let (_sys_a, a) = node_with(config("a").outbound_queue_bytes(100 * 1024)).await;
+    let dead = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let to = a.lookup::<Blob>("/user/blob", &dead);
+    // About 30 KiB each: three fit, the fourth would pass 100 KiB.
+    for _ in 0..3 {
+        to.try_tell(Blob(vec![1; 30 * 1024])).unwrap();
+    }
+    assert!(matches!(
+        to.try_tell(Blob(vec![1; 30 * 1024])),
+        Err(shardik_remote::SendError::QueueFull(_))
+    ));
+    assert_eq!(a.queued(&dead), 3);
+    assert_eq!(a.stats().dropped_queue_full, 1);
+    // Small messages still fit in what is left.
+    to.try_tell(Blob(vec![1; 1024])).unwrap();
+    assert_eq!(a.queued(&dead), 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_is_not_held_up_by_a_silent_connection() {
     let (_sys, server) =

@@ -454,3 +454,53 @@ async fn an_answer_over_the_peers_own_connection_reaches_an_ask_sent_under_an_al
     assert!(!via_advertised.outbound);
     assert_eq!(a.stats().replies_unmatched, 0);
 }
+
+#[derive(Serialize, Deserialize)]
+struct Many {
+    replies: Vec<ReplyTo<u64>>,
+}
+
+/// Answers each reply handle of a [`Many`] with its index.
+struct Answerer;
+
+impl Actor for Answerer {
+    type Msg = Many;
+    async fn handle(&mut self, msg: Many, _ctx: &mut Context<Self>) -> Result<(), ActorError> {
+        for (i, reply) in msg.replies.into_iter().enumerate() {
+            reply.reply(i as u64);
+        }
+        Ok(())
+    }
+}
+
+/// A message may carry up to 64 reply handles, each answered across the network; one with
+/// more is refused at the sender (the receiver would take it for a malformed frame), and
+/// the handles in it fail at once. (Before, any number was sent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_carries_at_most_64_reply_handles() {
+    let (_sys_a, a) = node("a").await;
+    let (sys_b, b) = node("b").await;
+    b.register("/user/many", sys_b.spawn(Answerer));
+    let to = a.lookup::<Many>("/user/many", b.addr());
+    let (replies, answers): (Vec<_>, Vec<_>) = (0..64).map(|_| ReplyTo::channel()).unzip();
+    to.try_tell(Many { replies }).unwrap();
+    for (i, answer) in answers.into_iter().enumerate() {
+        let got = tokio::time::timeout(T, answer)
+            .await
+            .expect("answered in time");
+        assert_eq!(got, Ok(i as u64));
+    }
+    let (replies, answers): (Vec<_>, Vec<_>) = (0..65).map(|_| ReplyTo::channel()).unzip();
+    match to.try_tell(Many { replies }) {
+        Err(shardik_remote::SendError::Encode(e)) => {
+            assert!(e.contains("at most 64"), "{e}")
+        }
+        other => panic!("expected an encode error, got {other:?}"),
+    }
+    for answer in answers {
+        let got = tokio::time::timeout(T, answer)
+            .await
+            .expect("failed at once");
+        assert!(got.is_err(), "a handle of the refused message was answered");
+    }
+}
