@@ -298,7 +298,7 @@ async fn a_node_that_never_uses_the_receptionist_gets_no_message_it_cannot_handl
         )
         .await;
     }
-    assert_eq!(nodes[1].cluster.remote().stats().unknown_recipient, 0);
+    // Evidence that n1 got n0's messages before looking at what it did with them.
     let mut sub1 = Receptionist::get(&nodes[1].cluster).subscribe(&key);
     next_matching(
         &mut sub1,
@@ -307,6 +307,93 @@ async fn a_node_that_never_uses_the_receptionist_gets_no_message_it_cannot_handl
         |l| l.len() == 2,
     )
     .await;
-    assert_eq!(nodes[1].cluster.remote().stats().unknown_recipient, 0);
+    let stats = nodes[1].cluster.remote().stats();
+    assert_eq!(stats.unknown_recipient, 0);
+    assert_eq!(stats.decode_errors, 0);
     stop_all(&nodes).await;
+}
+
+/// Once every member holds a node's listing, the node does not send it again: every push
+/// interval it sends only its version, which a member holding it ignores. Before, the whole
+/// listing went to every member every 500 ms and on every cluster event, however large,
+/// on the lane heartbeats and gossip use. A node joining later is still served: it gets
+/// the version, asks for the listing and gets it. On one thread inside a thread-local
+/// recorder, so that only this test's metrics are seen.
+#[test]
+fn an_unchanged_listing_is_announced_by_version_and_not_sent_again() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // What n0's receptionist sent so far, of the given kinds (a snapshot takes the counts
+    // out of the recorder: they are added up here).
+    let totals = std::cell::RefCell::new(std::collections::HashMap::<String, u64>::new());
+    let sent = |kinds: &[&str]| -> u64 {
+        let mut totals = totals.borrow_mut();
+        for (k, _, _, v) in snapshotter.snapshot().into_vec() {
+            let labels: Vec<_> = k.key().labels().collect();
+            if k.key().name() != "shardik_receptionist_sent_total"
+                || !labels
+                    .iter()
+                    .any(|l| l.key() == "node" && l.value() == "n0")
+            {
+                continue;
+            }
+            let kind = labels.iter().find(|l| l.key() == "kind").unwrap().value();
+            match v {
+                DebugValue::Counter(n) => *totals.entry(kind.to_string()).or_default() += n,
+                other => panic!("{other:?}"),
+            }
+        }
+        kinds.iter().filter_map(|k| totals.get(*k)).sum()
+    };
+    let chunks = ["change_chunk", "requested_chunk"];
+    let all = ["change_chunk", "requested_chunk", "version", "request"];
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (mut nodes, _) = cluster_of(2, None).await;
+            let key = ServiceKey::<Echo>::new("echo");
+            let rec0 = Receptionist::get(&nodes[0].cluster);
+            rec0.register(&key, nodes[0].system.spawn(EchoActor { node: "n0".into() }));
+            let mut sub1 = Receptionist::get(&nodes[1].cluster).subscribe(&key);
+            next_matching(&mut sub1, "n0's entry on n1", Duration::from_secs(5), |l| {
+                l.len() == 1
+            })
+            .await;
+            let before = sent(&chunks);
+            assert!(before >= 1);
+            // Four more messages to n1: four push intervals at least, membership being
+            // settled.
+            let total = sent(&all);
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while sent(&all) < total + 4 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .expect("n0 keeps telling n1 its version");
+            assert_eq!(
+                sent(&chunks),
+                before,
+                "the unchanged listing was sent again"
+            );
+            // A node joining later asks for the listing and gets it.
+            let seed = nodes[0].id().address.clone();
+            nodes.push(start(config("n2").seed_nodes([seed])).await);
+            let mut sub2 = Receptionist::get(&nodes[2].cluster).subscribe(&key);
+            next_matching(
+                &mut sub2,
+                "n0's entry on n2",
+                Duration::from_secs(10),
+                |l| l.len() == 1,
+            )
+            .await;
+            assert_eq!(sent(&["change_chunk"]), before, "nothing changed");
+            assert!(sent(&["requested_chunk"]) >= 1);
+            stop_all(&nodes).await;
+        });
+    });
 }

@@ -259,6 +259,9 @@ pub struct Cluster {
     /// The remote layer's frame size limit (`RemoteConfig::max_frame_len`): what the
     /// receptionist cuts its listings to.
     max_frame_len: usize,
+    /// The remote layer's control-lane queue per peer (`RemoteConfig::control_queue`): the
+    /// most chunks a receptionist listing may be cut into.
+    control_queue: usize,
 }
 
 impl fmt::Debug for Cluster {
@@ -291,6 +294,7 @@ impl Cluster {
             return Err(ClusterError::AlreadyStarted);
         }
         let max_frame_len = config.remote.max_frame_len;
+        let control_queue = config.remote.control_queue;
         let remote = Remote::start(system, config.remote.clone()).await?;
         let self_node = UniqueAddress::new(remote.addr(), remote.node_id(), remote.incarnation());
         let (commands, command_rx) = mpsc::unbounded_channel();
@@ -306,6 +310,7 @@ impl Cluster {
             remote: remote.clone(),
             self_node: self_node.clone(),
             max_frame_len,
+            control_queue,
         };
         if slot.0.set(cluster.clone()).is_err() {
             remote.shutdown().await;
@@ -329,6 +334,7 @@ impl Cluster {
     #[cfg(test)]
     pub(crate) async fn without_driver(system: &ActorSystem, config: ClusterConfig) -> Cluster {
         let max_frame_len = config.remote.max_frame_len;
+        let control_queue = config.remote.control_queue;
         let remote = Remote::start(system, config.remote)
             .await
             .expect("remote starts");
@@ -345,6 +351,7 @@ impl Cluster {
             remote,
             self_node,
             max_frame_len,
+            control_queue,
         }
     }
 
@@ -367,6 +374,11 @@ impl Cluster {
     /// The remote layer's frame size limit, in bytes.
     pub(crate) fn max_frame_len(&self) -> usize {
         self.max_frame_len
+    }
+
+    /// The remote layer's control-lane queue per peer, in frames.
+    pub(crate) fn control_queue(&self) -> usize {
+        self.control_queue
     }
 
     /// The current state as this node sees it.
