@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 
 use super::directory::Directory;
 use super::membership::{
-    coordinator_node, has_role, is_gone, is_leaving, is_replaced, is_stable, majority, never_seen,
-    quorum_members,
+    coordinator_node, has_role, is_flagged, is_gone, is_leaving, is_replaced, is_stable, majority,
+    never_seen, quorum_members,
 };
 use super::replica::ReplicaStore;
 use super::settings::ClusterShardingSettings;
@@ -105,7 +105,7 @@ struct Active {
     inflight: HashMap<UniqueAddress, Instant>,
     fed_down: BTreeSet<RegionId>,
     fed_leaving: BTreeSet<RegionId>,
-    /// Regions fed as unreachable (their node in the view's unreachable set) and not
+    /// Regions fed as unreachable (their node flagged or gone: [`is_flagged`]) and not
     /// reachable again since.
     fed_unreachable: BTreeSet<RegionId>,
     /// When each region's node was first seen gone (`Down` or removed without leaving).
@@ -288,6 +288,8 @@ impl CoordinatorDriver {
                 tracing::info!(entity_type = %self.ctx.type_name, "no longer the coordinator");
             }
             self.recovery = None;
+            // Not waiting for a quorum either: a later wait starts its warning delay afresh.
+            self.short_of_quorum = None;
             return;
         }
         if self.active.as_ref().is_some_and(|a| a.fenced) {
@@ -757,8 +759,11 @@ impl Active {
                 continue;
             };
             // A node a failure detector flagged may have crashed: no new shard goes there
-            // until it is reachable again (its shards stay until it is down or left).
-            let flagged = state.unreachable.contains(&node);
+            // until it is reachable again (its shards stay until it is down or left). A gone
+            // node counts as flagged: removed without this view seeing it `Down`, it drops
+            // out of `state.unreachable`, and fed reachable here (which drives the leaves)
+            // it could be picked as a leave target before `RegionGone` below.
+            let flagged = is_flagged(state, &node);
             if flagged && self.fed_unreachable.insert(region.clone()) {
                 self.input(ctx, Input::RegionUnreachable(region.clone()));
             } else if !flagged && self.fed_unreachable.remove(&region) {

@@ -69,6 +69,16 @@ pub(crate) fn is_gone(state: &ClusterState, node: &UniqueAddress) -> bool {
         .is_none_or(|m| matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
 }
 
+/// Whether no new shard may go to `node` for its reachability: some member's failure
+/// detector flagged it (the gossiped reachability), or it is gone ([`is_gone`]). A flagged
+/// node that is removed without this view seeing it `Down` drops out of the view's
+/// unreachable set (that set holds members only); counted reachable again, it could be
+/// chosen as a leave target in the same pass before it is fed as gone (review on
+/// 2026-12-01).
+pub(crate) fn is_flagged(state: &ClusterState, node: &UniqueAddress) -> bool {
+    state.unreachable.contains(node) || is_gone(state, node)
+}
+
 /// Whether `node` was replaced by a newer process: it is gone (see [`is_gone`]) and a
 /// member with the same node id but another incarnation is in the view and not gone. The
 /// membership downs an old incarnation as soon as a new one of its node id joins; that
@@ -186,6 +196,31 @@ mod tests {
         // An older incarnation of a running node id is known to be replaced.
         let old = UniqueAddress::new("10.0.0.1:7000", "n1", 0);
         assert!(!never_seen(&s, &old, &Default::default()));
+    }
+
+    #[test]
+    fn a_flagged_node_stays_flagged_once_it_is_gone() {
+        let mut s = state(vec![
+            member(1, 1, &[]),
+            member(2, 2, &[]),
+            member(3, 3, &[]),
+        ]);
+        let n2 = s.members[1].node.clone();
+        let n3 = s.members[2].node.clone();
+        assert!(!is_flagged(&s, &n2));
+        s.unreachable.insert(n2.clone());
+        assert!(is_flagged(&s, &n2) && !is_flagged(&s, &n3));
+        // Downed: still flagged (in the set, as the reachability keeps its records).
+        s.members[1].status = MemberStatus::Down;
+        assert!(is_flagged(&s, &n2));
+        // Removed without this view seeing it `Down`: the view's unreachable set, which
+        // holds members only, no longer names it; it must not read as reachable again.
+        s.members.remove(1);
+        s.unreachable.remove(&n2);
+        assert!(is_flagged(&s, &n2), "a removed node is not reachable again");
+        // Nor does a node that was never flagged read as reachable once it is removed or down.
+        s.members[1].status = MemberStatus::Removed;
+        assert!(is_flagged(&s, &n3));
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub struct AllocationView<'a> {
     /// The entity type's shard count.
     pub shard_count: u32,
     /// Every region that may receive a shard (registered with the current epoch, hosting, not
-    /// leaving, gone or unreachable), sorted by id, with the shards it holds in the working state; a shard being
+    /// leaving, gone or unreachable while another is reachable), sorted by id, with the shards it holds in the working state; a shard being
     /// handed off to it counts as its already.
     pub regions: &'a BTreeMap<RegionId, Vec<ShardId>>,
 }

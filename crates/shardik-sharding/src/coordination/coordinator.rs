@@ -116,11 +116,13 @@ pub enum Input {
     RegionBack(RegionId),
     /// The region is gone: its node was downed or removed **and its entities are stopped**.
     RegionDown(RegionId),
-    /// The region's node is unreachable (a failure detector flagged it; it may have crashed
-    /// and not be `Down` yet): until [`Input::RegionReachable`] no *new* shard goes to it (no
-    /// allocation, no hand-off target, no remembered shard). The shards it holds stay where
-    /// they are (they move only once it is down or left) and their homes are answered as
-    /// before. With every hosting region unreachable nothing is allocated: the asker retries.
+    /// The region's node is unreachable (some member's failure detector flagged it; it may
+    /// have crashed and not be `Down` yet): until [`Input::RegionReachable`] no *new* shard
+    /// goes to it (no allocation, no hand-off target, no remembered shard) while some region
+    /// that may host is reachable. The shards it holds stay where they are (they move only
+    /// once it is down or left) and their homes are answered as before. With every hosting
+    /// region unreachable, they are all eligible again: the flag steers, it never blocks
+    /// allocation.
     RegionUnreachable(RegionId),
     /// The region's node is reachable again: it may receive shards again.
     RegionReachable(RegionId),
@@ -249,7 +251,8 @@ pub struct Coordinator {
     /// Regions reported [`Input::RegionGone`] and not yet down.
     gone: BTreeSet<RegionId>,
     /// Regions reported [`Input::RegionUnreachable`] and not reachable again (or down) since:
-    /// they keep their shards but get no new ones.
+    /// they keep their shards but get no new ones while another region may
+    /// ([`skip_unreachable`](Self::skip_unreachable)).
     unreachable: BTreeSet<RegionId>,
     /// Regions waiting for the home of a shard of a gone region, per shard.
     held: BTreeMap<ShardId, BTreeSet<RegionId>>,
@@ -578,22 +581,47 @@ impl Coordinator {
 
     // ---- allocation ---------------------------------------------------------------------------
 
-    /// Whether `r` may receive a shard now: registered with this epoch, hosting (not a proxy),
-    /// not leaving, not gone, and reachable.
-    fn eligible(&self, r: &RegionId) -> bool {
+    /// Whether `r` may host a new shard, reachability aside: registered with this epoch,
+    /// hosting (not a proxy), not leaving and not gone.
+    fn may_host(&self, r: &RegionId) -> bool {
         self.live.contains(r)
             && !self.leaving.contains(r)
             && !self.gone.contains(r)
-            && !self.unreachable.contains(r)
             && self.working.regions.get(r).is_some_and(|i| !i.proxy)
+    }
+
+    /// Whether unreachable regions are left out now: only while some region that may host
+    /// is reachable. Unreachability steers new shards away from a node that may have crashed
+    /// but never blocks allocation: the flag is any member's (a member with a bad one-way
+    /// link can flag every hosting region), and with nothing allocated the askers retry,
+    /// their buffers fill and messages are refused until the flags clear or the nodes are
+    /// downed (before 2026-12-01 nothing was allocated then:
+    /// `tests::unreachable::with_every_region_unreachable_a_shard_is_still_allocated`).
+    fn skip_unreachable(&self) -> bool {
+        self.live
+            .iter()
+            .any(|r| !self.unreachable.contains(r) && self.may_host(r))
+    }
+
+    /// Whether `r` may receive a shard now: it [may host](Self::may_host) and is reachable,
+    /// or no region that may host is (see [`skip_unreachable`](Self::skip_unreachable)).
+    fn eligible(&self, r: &RegionId) -> bool {
+        self.eligible_with(r, self.skip_unreachable())
+    }
+
+    /// [`eligible`](Self::eligible) with [`skip_unreachable`](Self::skip_unreachable) worked
+    /// out once by the caller.
+    fn eligible_with(&self, r: &RegionId, skip_unreachable: bool) -> bool {
+        self.may_host(r) && !(skip_unreachable && self.unreachable.contains(r))
     }
 
     /// Shard counts of eligible regions in the working state, counting shards moving to them.
     fn loads(&self) -> BTreeMap<RegionId, usize> {
+        let skip = self.skip_unreachable();
         let mut loads: BTreeMap<RegionId, usize> = self
             .live
             .iter()
-            .filter(|r| self.eligible(r))
+            .filter(|r| self.eligible_with(r, skip))
             .map(|r| (r.clone(), 0))
             .collect();
         for r in self.working.shards.values() {
@@ -625,10 +653,11 @@ impl Coordinator {
     /// What an [`AllocationStrategy`] sees: every eligible region with its shards in the working
     /// state, shards being handed off to it included.
     pub fn allocation_regions(&self) -> BTreeMap<RegionId, Vec<ShardId>> {
+        let skip = self.skip_unreachable();
         let mut regions: BTreeMap<RegionId, Vec<ShardId>> = self
             .live
             .iter()
-            .filter(|r| self.eligible(r))
+            .filter(|r| self.eligible_with(r, skip))
             .map(|r| (r.clone(), Vec::new()))
             .collect();
         for (s, r) in &self.working.shards {

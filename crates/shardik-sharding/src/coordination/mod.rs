@@ -30,7 +30,8 @@
 //! 1. **Allocation.** A region with no cached home buffers the message and sends
 //!    `GetShardHome`. The coordinator's [`AllocationStrategy`] picks an eligible region
 //!    (registered under its epoch, not proxy, not leaving, gone or unreachable: a region whose
-//!    node may have crashed keeps its shards but gets no new ones) from its *working* state
+//!    node may have crashed keeps its shards but gets no new ones, unless every region that
+//!    may host is unreachable) from its *working* state
 //!    (durable + pending updates + hand-offs moving there); the default, [`LeastShards`], picks
 //!    the one with the fewest shards, ties broken by region id. The coordinator emits
 //!    `Persist(ShardAllocated)`; and after `Persisted` broadcasts `ShardHome` to every region.
