@@ -247,11 +247,16 @@ impl<'a, T> Tracked<'a, T> {
 }
 
 /// `stored` moved on by `count`, or an error (the write is refused, nothing written) if a
-/// corrupt stored number (a negative one read back as `u64`, say) leaves no room for it.
+/// corrupt stored number (a negative one read back as `u64`, above `i64::MAX`) leaves no room
+/// for it, or the result could not be stored (above `i64::MAX`: it would be stored as a
+/// negative number; before 2026-12-01 a write after a stored -2 stored -1). A `count` of 0
+/// stores nothing and is not refused.
 fn past(pid: &str, what: &str, stored: u64, count: usize) -> Result<u64, StoreError> {
     u64::try_from(count)
         .ok()
         .and_then(|count| stored.checked_add(count))
+        // An empty write only checks (it stores no number).
+        .filter(|n| count == 0 || !crate::event_sourced::corrupt_number(*n))
         .ok_or_else(|| {
             StoreError::Backend(format!(
                 "the stored {what} {stored} of {pid} is corrupt: no write can follow it"
@@ -810,6 +815,54 @@ mod tests {
         assert_eq!(events, ["new"]);
         let states: Vec<_> = plan.states.iter().map(|s| s.persistence_id).collect();
         assert_eq!(states, ["s2"]);
+    }
+
+    /// A stored -2 (read back as `u64::MAX - 1`) is corrupt too: the write after it would be
+    /// stored as -1 (until 2026-12-01 it was).
+    #[test]
+    fn a_stored_number_above_i64_max_refuses_its_writes() {
+        let corrupt = Position {
+            seq_nr: u64::MAX - 1,
+            writer: 1,
+        };
+        let batch = vec![
+            append("corrupt", u64::MAX - 1, 1, &[1]),
+            upsert("corrupt", u64::MAX - 1, 1),
+            append("top", i64::MAX as u64, 1, &[1]),
+        ];
+        let plan = plan(
+            &batch,
+            |pid| {
+                Ok::<_, ()>(match pid {
+                    "corrupt" => corrupt,
+                    _ => Position {
+                        seq_nr: i64::MAX as u64,
+                        writer: 1,
+                    },
+                })
+            },
+            |pid| Ok((pid == "corrupt").then_some(corrupt)),
+        )
+        .unwrap();
+        let refused = |what: &str, pid: &str, n: u64| {
+            Err(StoreError::Backend(format!(
+                "the stored {what} {n} of {pid} is corrupt: no write can follow it"
+            )))
+        };
+        assert_eq!(
+            plan.outcomes[0],
+            refused("sequence number", "corrupt", u64::MAX - 1)
+        );
+        assert_eq!(
+            plan.outcomes[1],
+            refused("revision", "corrupt", u64::MAX - 1)
+        );
+        // The largest storable number: nothing storable follows it either.
+        assert_eq!(
+            plan.outcomes[2],
+            refused("sequence number", "top", i64::MAX as u64)
+        );
+        assert!(plan.events.is_empty() && plan.states.is_empty());
     }
 
     #[test]

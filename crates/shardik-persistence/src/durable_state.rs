@@ -103,11 +103,12 @@ impl<B: DurableState> DurableStateEntity<B> {
     async fn load(&mut self) -> Result<(), PersistenceError> {
         match self.persistence.states().get(&self.persistence_id).await? {
             Some(record) => {
-                if record.revision.checked_add(1).is_none() {
-                    // A stored -1 (read back as `u64::MAX`): no write can follow it, so the
-                    // entity would answer queries and then fail its first write. It fails to
-                    // load instead, as an event-sourced entity fails recovery on such a
-                    // sequence number.
+                if crate::event_sourced::corrupt_number(record.revision) {
+                    // A stored negative revision (read back above `i64::MAX`): no write can
+                    // follow it (after a -1 the entity would answer queries and then fail its
+                    // first write; after a -2, until 2026-12-01, that write stored -1). It
+                    // fails to load instead, as an event-sourced entity fails recovery on
+                    // such a sequence number.
                     return Err(PersistenceError::Recovery {
                         persistence_id: self.persistence_id.clone(),
                         reason: format!(

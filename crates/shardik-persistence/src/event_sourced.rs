@@ -147,6 +147,9 @@ impl<B: EventSourced> EventSourcedEntity<B> {
                 .await?;
             if events.is_empty() {
                 let highest = journal.highest_seq_nr(pid).await?;
+                if corrupt_number(highest) {
+                    return Err(corrupt_seq_nr(pid, highest));
+                }
                 if highest < snapshot_seq_nr {
                     // The snapshot covers events the journal never had: the two stores hold
                     // different histories (one restored from an older backup, say). Ending
@@ -284,17 +287,29 @@ impl<B: EventSourced> EventSourcedEntity<B> {
     }
 }
 
-/// The sequence number after `seq_nr`, or an error if a stored number is corrupt (a
-/// negative one read back as `u64`, say) and has none.
+/// Whether a number read from a store is corrupt: above `i64::MAX`, as SQLite and PostgreSQL
+/// read back a negative one (which nothing here writes). Such a number cannot be followed:
+/// the next is not storable, or is stored as another negative one (-1 after -2). Before
+/// 2026-12-01 only `u64::MAX` (a stored -1) was caught, so a stored -2 loaded and the next
+/// write stored -1.
+pub(crate) fn corrupt_number(n: u64) -> bool {
+    n > i64::MAX as u64
+}
+
+/// The sequence number after `seq_nr`, or an error if a stored number is corrupt (see
+/// [`corrupt_number`]) and has none.
 fn after(pid: &str, seq_nr: u64) -> Result<u64, PersistenceError> {
-    seq_nr
-        .checked_add(1)
-        .ok_or_else(|| PersistenceError::Recovery {
-            persistence_id: pid.to_string(),
-            reason: format!(
-                "the stored sequence number {seq_nr} is corrupt: no event can follow it"
-            ),
-        })
+    match seq_nr.checked_add(1) {
+        Some(next) if !corrupt_number(seq_nr) => Ok(next),
+        _ => Err(corrupt_seq_nr(pid, seq_nr)),
+    }
+}
+
+fn corrupt_seq_nr(pid: &str, seq_nr: u64) -> PersistenceError {
+    PersistenceError::Recovery {
+        persistence_id: pid.to_string(),
+        reason: format!("the stored sequence number {seq_nr} is corrupt: no event can follow it"),
+    }
 }
 
 fn snapshot_ahead(pid: &str, snapshot: u64, highest: u64) -> PersistenceError {
@@ -309,13 +324,14 @@ fn snapshot_ahead(pid: &str, snapshot: u64, highest: u64) -> PersistenceError {
 }
 
 /// The writer incarnation above `current` (the newest that wrote a stream or state), or an
-/// error if `current` is corrupt (a negative one read back as `u64`, say) and has none.
+/// error if `current` is corrupt (see [`corrupt_number`]) and has none.
 pub(crate) fn writer_above(pid: &str, current: Incarnation) -> Result<Incarnation, StoreError> {
-    current.checked_add(1).ok_or_else(|| {
-        StoreError::Backend(format!(
+    match current.checked_add(1) {
+        Some(next) if !corrupt_number(current) => Ok(next),
+        _ => Err(StoreError::Backend(format!(
             "the stored writer incarnation {current} of {pid} is corrupt: no writer can follow it"
-        ))
-    })
+        ))),
+    }
 }
 
 fn gap(pid: &str, wanted: u64, found: u64) -> PersistenceError {

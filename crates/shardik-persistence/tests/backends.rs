@@ -107,10 +107,10 @@ store_suite!(postgres_backend, crate::postgres);
 
 /// The in-memory store cannot hold a revision no write can follow (it counts revisions up
 /// from 0 in a `u64`): this view of one reports such a revision for the ids marked corrupt,
-/// as SQLite and PostgreSQL read back a stored -1.
+/// as SQLite and PostgreSQL read back a stored negative one.
 struct CorruptRevisions {
     store: Arc<InMemoryStore>,
-    corrupt: parking_lot::Mutex<Vec<String>>,
+    corrupt: parking_lot::Mutex<Vec<(String, u64)>>,
 }
 
 impl StateStore for CorruptRevisions {
@@ -121,10 +121,13 @@ impl StateStore for CorruptRevisions {
     fn get<'a>(&'a self, persistence_id: &'a str) -> StoreFuture<'a, Option<StateRecord>> {
         Box::pin(async move {
             let mut record = self.store.get(persistence_id).await?;
-            if self.corrupt.lock().iter().any(|id| id == persistence_id) {
-                if let Some(r) = record.as_mut() {
-                    r.revision = u64::MAX;
-                }
+            let corrupt = self
+                .corrupt
+                .lock()
+                .iter()
+                .find_map(|(id, revision)| (id == persistence_id).then_some(*revision));
+            if let (Some(r), Some(revision)) = (record.as_mut(), corrupt) {
+                r.revision = revision;
             }
             Ok(record)
         })
@@ -146,7 +149,10 @@ async fn memory_durable_state_with_a_corrupt_revision_does_not_load() {
     suite::a_durable_state_with_a_corrupt_revision_does_not_load(
         states,
         persistence,
-        |states, pid| async move { states.corrupt.lock().push(pid.to_string()) },
+        |states, pid, stored| async move {
+            // As SQLite and PostgreSQL read a stored negative number back.
+            states.corrupt.lock().push((pid.to_string(), stored as u64))
+        },
     )
     .await;
 }
@@ -158,12 +164,12 @@ async fn sqlite_durable_state_with_a_corrupt_revision_does_not_load() {
     suite::a_durable_state_with_a_corrupt_revision_does_not_load(
         store,
         persistence,
-        |store, pid| async move {
+        |store, pid, stored| async move {
             let db = rusqlite::Connection::open(store.path()).unwrap();
             let changed = db
                 .execute(
-                    "UPDATE durable_state SET revision = -1 WHERE persistence_id = ?1",
-                    [pid],
+                    "UPDATE durable_state SET revision = ?2 WHERE persistence_id = ?1",
+                    rusqlite::params![pid, stored],
                 )
                 .unwrap();
             assert_eq!(changed, 1);
@@ -183,21 +189,87 @@ async fn postgres_durable_state_with_a_corrupt_revision_does_not_load() {
     suite::a_durable_state_with_a_corrupt_revision_does_not_load(
         store,
         persistence,
-        |_, pid| async move {
-            let (admin, connection) = admin(&url).await;
-            let changed = admin
+        |_, pid, stored| {
+            let (url, schema) = (url.clone(), schema.clone());
+            async move {
+                let (admin, connection) = admin(&url).await;
+                let changed = admin
+                    .execute(
+                        &format!(
+                            "UPDATE {schema}.durable_state SET revision = $2 \
+                             WHERE persistence_id = $1"
+                        ),
+                        &[&pid, &stored],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(changed, 1);
+                drop(admin);
+                connection.await.unwrap().unwrap();
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_event_sourced_entity_with_a_corrupt_position_does_not_recover() {
+    let (store, _dir) = sqlite().await.unwrap();
+    suite::an_event_sourced_entity_with_a_corrupt_position_does_not_recover(
+        store,
+        |store, pid, stored| async move {
+            let db = rusqlite::Connection::open(store.path()).unwrap();
+            for table in ["journal", "snapshots"] {
+                let changed = db
+                    .execute(
+                        &format!("UPDATE {table} SET seq_nr = ?2 WHERE persistence_id = ?1"),
+                        rusqlite::params![pid, stored],
+                    )
+                    .unwrap();
+                assert_eq!(changed, 1, "{table}");
+            }
+            let changed = db
                 .execute(
-                    &format!(
-                        "UPDATE {schema}.durable_state SET revision = -1 \
-                         WHERE persistence_id = $1"
-                    ),
-                    &[&pid],
+                    "UPDATE journal_meta SET highest_seq_nr = ?2 WHERE persistence_id = ?1",
+                    rusqlite::params![pid, stored],
                 )
-                .await
                 .unwrap();
             assert_eq!(changed, 1);
-            drop(admin);
-            connection.await.unwrap().unwrap();
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_event_sourced_entity_with_a_corrupt_position_does_not_recover() {
+    let Some(url) = pg_url() else {
+        return;
+    };
+    let schema = pg_schema();
+    let store = pg_store(&url, schema.clone()).await;
+    suite::an_event_sourced_entity_with_a_corrupt_position_does_not_recover(
+        store,
+        |_, pid, stored| {
+            let (url, schema) = (url.clone(), schema.clone());
+            async move {
+                let (admin, connection) = admin(&url).await;
+                // The stream's position is its highest journal row.
+                for table in ["journal", "snapshots"] {
+                    let changed = admin
+                        .execute(
+                            &format!(
+                                "UPDATE {schema}.{table} SET seq_nr = $2 \
+                                 WHERE persistence_id = $1"
+                            ),
+                            &[&pid, &stored],
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(changed, 1, "{table}");
+                }
+                drop(admin);
+                connection.await.unwrap().unwrap();
+            }
         },
     )
     .await;

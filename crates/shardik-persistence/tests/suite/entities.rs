@@ -161,101 +161,137 @@ pub async fn entity_with_a_snapshot_ahead_of_the_journal_does_not_recover<S: Sto
     assert_eq!(store.highest_seq_nr(pid).await, Ok(3));
 }
 
-/// Numbers that no write can follow, as a stored -1 reads on SQLite and PostgreSQL (here
-/// written through the store as `u64::MAX`): a snapshot's sequence number fails recovery, a
-/// stream's or a durable state's newest writer fails the write, each with an error naming
-/// the value, instead of an overflow (a panic, or a wrapped number in a release build).
+/// Numbers that no write can follow, as a stored -1 or -2 reads on SQLite and PostgreSQL
+/// (here written through the store as `u64::MAX` and `u64::MAX - 1`): a snapshot's sequence
+/// number fails recovery, a stream's or a durable state's newest writer fails the write, each
+/// with an error naming the value, instead of an overflow (a panic, or a wrapped number in a
+/// release build) or a write above it (which SQLite and PostgreSQL store as -1: at -2 the
+/// writer check let it through until 2026-12-01).
 pub async fn corrupt_stored_numbers_fail_with_an_error<S: Store>(store: Arc<S>) {
-    const CORRUPT: &str = "18446744073709551615";
     let settings = PersistSettings::default;
-    store
-        .save(SnapshotRecord {
-            persistence_id: "acc-corrupt-snapshot".into(),
-            seq_nr: u64::MAX,
-            payload: Payload::encode(&Account::default()).unwrap(),
-        })
-        .await
-        .unwrap();
     let p = persistence(store.clone());
-    let props = p.event_sourced_props("acc-corrupt-snapshot", settings(), || Bank);
-    let why = first_failure(props, AccountCmd::Inspect).await;
-    assert!(
-        why.contains(&format!("sequence number {CORRUPT} is corrupt")),
-        "{why}"
-    );
-
-    store
-        .append(append("acc-corrupt-writer", 0, u64::MAX, &[4]))
-        .await
-        .unwrap();
-    let props = p.event_sourced_props("acc-corrupt-writer", settings(), || Bank);
-    let why = first_failure(props, |r| AccountCmd::Deposit(1, r)).await;
-    assert!(
-        why.contains(&format!(
-            "writer incarnation {CORRUPT} of acc-corrupt-writer is corrupt"
-        )),
-        "{why}"
-    );
-    assert_eq!(amounts(&*store, "acc-corrupt-writer", 1).await, [(1, 4)]);
-
-    let write = StateWrite {
-        persistence_id: "counter-corrupt-writer".into(),
-        expected_revision: 0,
-        writer: u64::MAX,
-        payload: Payload::encode(&Count { value: 4 }).unwrap(),
-    };
-    assert_eq!(store.upsert(write).await, Ok(1));
-    let props = p.durable_state_props("counter-corrupt-writer", settings(), || Counter);
-    let why = first_failure(props, |r| CounterCmd::Add(1, r)).await;
-    assert!(
-        why.contains(&format!(
-            "writer incarnation {CORRUPT} of counter-corrupt-writer is corrupt"
-        )),
-        "{why}"
-    );
-    assert_eq!(
+    for (n, corrupt) in [u64::MAX, u64::MAX - 1].into_iter().enumerate() {
+        let pid = format!("acc-corrupt-snapshot-{n}");
         store
-            .get("counter-corrupt-writer")
+            .save(SnapshotRecord {
+                persistence_id: pid.clone(),
+                seq_nr: corrupt,
+                payload: Payload::encode(&Account::default()).unwrap(),
+            })
             .await
-            .unwrap()
-            .unwrap()
-            .revision,
-        1
-    );
+            .unwrap();
+        let props = p.event_sourced_props(&pid, settings(), || Bank);
+        let why = first_failure(props, AccountCmd::Inspect).await;
+        assert!(
+            why.contains(&format!("sequence number {corrupt} is corrupt")),
+            "{why}"
+        );
+
+        let pid = format!("acc-corrupt-writer-{n}");
+        store.append(append(&pid, 0, corrupt, &[4])).await.unwrap();
+        let props = p.event_sourced_props(&pid, settings(), || Bank);
+        let why = first_failure(props, |r| AccountCmd::Deposit(1, r)).await;
+        assert!(
+            why.contains(&format!("writer incarnation {corrupt} of {pid} is corrupt")),
+            "{why}"
+        );
+        assert_eq!(amounts(&*store, &pid, 1).await, [(1, 4)]);
+
+        let pid = format!("counter-corrupt-writer-{n}");
+        let write = StateWrite {
+            persistence_id: pid.clone(),
+            expected_revision: 0,
+            writer: corrupt,
+            payload: Payload::encode(&Count { value: 4 }).unwrap(),
+        };
+        assert_eq!(store.upsert(write).await, Ok(1));
+        let props = p.durable_state_props(&pid, settings(), || Counter);
+        let why = first_failure(props, |r| CounterCmd::Add(1, r)).await;
+        assert!(
+            why.contains(&format!("writer incarnation {corrupt} of {pid} is corrupt")),
+            "{why}"
+        );
+        assert_eq!(store.get(&pid).await.unwrap().unwrap().revision, 1);
+    }
 }
 
-/// A durable state whose stored revision no write can follow (a -1 in SQLite or
-/// PostgreSQL, read back as `u64::MAX`; `corrupt` puts it there, behind the store's back)
-/// fails to load with an error naming the value, as a journal's such sequence number fails
-/// recovery: the entity answers nothing from it. (Before, it loaded, answered queries, and
-/// failed only at its next write.) `persistence` must read from `store`'s states.
+/// A durable state whose stored revision no write can follow (a -1 or -2 in SQLite or
+/// PostgreSQL, read back above `i64::MAX`; `corrupt` stores the given value, behind the
+/// store's back) fails to load with an error naming the value, as a journal's such sequence
+/// number fails recovery: the entity answers nothing from it. (Before, a -1 loaded, answered
+/// queries, and failed only at its next write; until 2026-12-01 a -2 loaded and its next
+/// write stored -1.) `persistence` must read from `store`'s states.
 pub async fn a_durable_state_with_a_corrupt_revision_does_not_load<S, F, Fut>(
     store: Arc<S>,
     persistence: shardik_persistence::Persistence,
     corrupt: F,
 ) where
     S: shardik_persistence::StateStore,
-    F: FnOnce(Arc<S>, &'static str) -> Fut,
+    F: Fn(Arc<S>, &'static str, i64) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let pid = "counter-corrupt-revision";
-    let write = StateWrite {
-        persistence_id: pid.into(),
-        expected_revision: 0,
-        writer: 1,
-        payload: Payload::encode(&Count { value: 4 }).unwrap(),
-    };
-    assert_eq!(store.upsert(write).await, Ok(1));
-    corrupt(store.clone(), pid).await;
-    let props = persistence.durable_state_props(pid, PersistSettings::default(), || Counter);
-    let why = first_failure(props, CounterCmd::Get).await;
-    assert!(
-        why.contains(&format!(
-            "recovery of {pid} failed: the stored revision 18446744073709551615 is corrupt: \
-             no write can follow it"
-        )),
-        "{why}"
-    );
+    for (pid, stored) in [
+        ("counter-corrupt-revision", -1i64),
+        ("counter-corrupt-revision-2", -2),
+    ] {
+        let write = StateWrite {
+            persistence_id: pid.into(),
+            expected_revision: 0,
+            writer: 1,
+            payload: Payload::encode(&Count { value: 4 }).unwrap(),
+        };
+        assert_eq!(store.upsert(write).await, Ok(1));
+        corrupt(store.clone(), pid, stored).await;
+        let props = persistence.durable_state_props(pid, PersistSettings::default(), || Counter);
+        let why = first_failure(props, CounterCmd::Get).await;
+        assert!(
+            why.contains(&format!(
+                "recovery of {pid} failed: the stored revision {} is corrupt: \
+                 no write can follow it",
+                stored as u64
+            )),
+            "{why}"
+        );
+    }
+}
+
+/// An event-sourced stream whose position and latest snapshot are at a number no event can
+/// follow (a -1 or -2 in SQLite or PostgreSQL, read back above `i64::MAX`; `corrupt` puts
+/// the stream's rows, its position and its snapshot at the given value, behind the store's
+/// back) fails recovery with an error naming the value. (Until 2026-12-01 only a -1 did: at
+/// -2 the entity recovered, answered, and its next write stored an event at -1.)
+pub async fn an_event_sourced_entity_with_a_corrupt_position_does_not_recover<S, F, Fut>(
+    store: Arc<S>,
+    corrupt: F,
+) where
+    S: Store,
+    F: Fn(Arc<S>, String, i64) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let p = persistence(store.clone());
+    for stored in [-1i64, -2] {
+        let pid = format!("acc-corrupt-position{stored}");
+        store.append(append(&pid, 0, 1, &[4])).await.unwrap();
+        store
+            .save(SnapshotRecord {
+                persistence_id: pid.clone(),
+                seq_nr: 1,
+                payload: Payload::encode(&Account::default()).unwrap(),
+            })
+            .await
+            .unwrap();
+        corrupt(store.clone(), pid.clone(), stored).await;
+        assert_eq!(store.highest_seq_nr(&pid).await, Ok(stored as u64));
+        let props = p.event_sourced_props(&pid, PersistSettings::default(), || Bank);
+        let why = first_failure(props, AccountCmd::Inspect).await;
+        assert!(
+            why.contains(&format!(
+                "recovery of {pid} failed: the stored sequence number {} is corrupt",
+                stored as u64
+            )),
+            "{why}"
+        );
+    }
 }
 
 /// A type name containing `|` could share persistence ids with another type (`"a|b"` with
