@@ -81,6 +81,12 @@ pub struct RemoteConfig {
     /// A connection that receives nothing (not even a heartbeat) for this long is closed
     /// (default 10 s).
     pub idle_timeout: Duration,
+    /// A connection whose writer makes no progress for this long while it has frames to
+    /// write (the peer reads nothing, although it may keep sending) is closed (default
+    /// 60 s). Longer than `idle_timeout` because the kernel reports a socket writable only
+    /// once a third of its send buffer has drained: on a slow link with a large (autotuned)
+    /// buffer that can take many seconds while bytes flow all along.
+    pub write_stall_timeout: Duration,
     /// A reply slot exported in a message (a `ReplyTo`) is forgotten after this long without
     /// an answer (default 10 min, at least 1 s); asks forget theirs at their own timeout,
     /// however long that is.
@@ -130,6 +136,7 @@ impl std::fmt::Debug for RemoteConfig {
             give_up_message_after,
             heartbeat_interval,
             idle_timeout,
+            write_stall_timeout,
             max_reply_wait,
             socket_buffer,
             tls,
@@ -153,6 +160,7 @@ impl std::fmt::Debug for RemoteConfig {
             .field("give_up_message_after", give_up_message_after)
             .field("heartbeat_interval", heartbeat_interval)
             .field("idle_timeout", idle_timeout)
+            .field("write_stall_timeout", write_stall_timeout)
             .field("max_reply_wait", max_reply_wait)
             .field("socket_buffer", socket_buffer)
             .field("tls", tls)
@@ -188,6 +196,7 @@ impl RemoteConfig {
             give_up_message_after: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(10),
+            write_stall_timeout: Duration::from_secs(60),
             max_reply_wait: Duration::from_secs(600),
             socket_buffer: None,
             tls: None,
@@ -250,6 +259,12 @@ impl RemoteConfig {
     pub fn heartbeat(mut self, interval: Duration, idle_timeout: Duration) -> Self {
         self.heartbeat_interval = interval;
         self.idle_timeout = idle_timeout;
+        self
+    }
+
+    /// Sets [`write_stall_timeout`](Self::write_stall_timeout).
+    pub fn write_stall_timeout(mut self, timeout: Duration) -> Self {
+        self.write_stall_timeout = timeout;
         self
     }
 
@@ -343,6 +358,7 @@ impl RemoteConfig {
             ("give_up_message_after", self.give_up_message_after),
             ("heartbeat_interval", self.heartbeat_interval),
             ("idle_timeout", self.idle_timeout),
+            ("write_stall_timeout", self.write_stall_timeout),
             ("max_reply_wait", self.max_reply_wait),
         ] {
             if d > Self::MAX_DURATION {

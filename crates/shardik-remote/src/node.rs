@@ -1590,7 +1590,7 @@ async fn write_segment<W: AsyncWrite + Unpin>(
 /// Drains the `lane` queue of the peer: each segment of already encoded frames (up to
 /// `write_batch_frames` user frames, or every queued control frame) is written whole and
 /// flushed, and its buffer goes back to the queue for reuse. A write that makes no progress
-/// for `idle_timeout` closes the connection.
+/// for `write_stall_timeout` closes the connection.
 async fn write_loop<W: AsyncWrite + Unpin>(
     node: Arc<Node>,
     peer: Arc<Peer>,
@@ -1602,7 +1602,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     let queue = &peer.link(lane).queue;
     // A write that makes no progress for this long (the peer reads nothing, although it
     // may keep sending) closes the connection; the idle timeout only watches what arrives.
-    let stall = node.cfg.idle_timeout;
+    let stall = node.cfg.write_stall_timeout;
     // Whether the last write carried more than one frame: traffic comes in bursts.
     let mut bursty = false;
     loop {

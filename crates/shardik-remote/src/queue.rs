@@ -5,7 +5,7 @@
 //! hands to the socket: a sender encodes its frame on its own thread (into a per-thread
 //! scratch buffer, outside the lock) and appends it under the lock with one copy. The bytes
 //! are kept in *segments* of at most `per_write` frames each; the writer takes the oldest
-//! segment and writes it with one `write_all`, then gives its buffer back for reuse. So a
+//! segment and writes it whole, then gives its buffer back for reuse. So a
 //! message costs the sender no allocation and the writer no per-frame work.
 //!
 //! Only the writer of the lane's current connection takes frames: the queue records which
@@ -27,7 +27,7 @@ pub(crate) enum Full {
     Full,
 }
 
-/// Encoded frames the writer writes with one `write_all`.
+/// Encoded frames the writer writes whole, in one go.
 #[derive(Debug, Default)]
 pub(crate) struct Segment {
     /// Whole frames, length prefixes included.

@@ -46,13 +46,15 @@ pub enum SendError {
     ShutDown,
 }
 
-/// A message [`RemoteRef::try_send`] refused: why, and the message itself when it was refused
-/// before it was encoded (so a [`ReplyTo`] inside it is still usable).
+/// A message [`RemoteRef::try_send`] refused: why, and the message itself when it is still
+/// whole (refused before it was encoded, or refused by a full lane and without a
+/// [`ReplyTo`] inside, since encoding spends a reply channel).
 #[derive(Debug)]
 pub struct Refused<M> {
     /// Why it was refused.
     pub error: SendError,
-    /// The message, unless it was refused after encoding (its reply channels are then spent).
+    /// The message, unless encoding it spent its reply channels or it could not be sent at
+    /// all (too large, failed to encode, layer shut down).
     pub msg: Option<M>,
 }
 
@@ -136,8 +138,20 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
         control: bool,
         before_queue: impl FnOnce(&[u64]),
     ) -> Result<Vec<u64>, SendError> {
+        self.send_telling(msg, control, before_queue)
+            .map_err(|(e, _)| e)
+    }
+
+    /// [`send`](Self::send), whose failure also says whether encoding `msg` took reply
+    /// handles out of it (a `ReplyTo` is one-shot: such a message cannot be sent again).
+    fn send_telling(
+        &self,
+        msg: &M,
+        control: bool,
+        before_queue: impl FnOnce(&[u64]),
+    ) -> Result<Vec<u64>, (SendError, bool)> {
         if self.node.is_shut_down() {
-            return Err(SendError::ShutDown);
+            return Err((SendError::ShutDown, false));
         }
         let format = &self.node.cfg.payload_format;
         let counters = &self.node.counters;
@@ -154,7 +168,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
                     &counters.encode_errors,
                     "shardik_remote_encode_errors_total",
                 );
-                return Err(SendError::Encode(e));
+                return Err((SendError::Encode(e), !ids.is_empty()));
             }
             match self.finish_and_queue(buf, &ids, control, before_queue) {
                 Ok(()) => {
@@ -180,7 +194,7 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
                         ),
                     };
                     counters.bump(counter, name);
-                    Err(e)
+                    Err((e, !ids.is_empty()))
                 }
             }
         })
@@ -225,10 +239,12 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
     }
 
     /// Like [`try_tell`](Self::try_tell), but a message refused because the user lane is full
-    /// is handed back: the lane is checked before the message is encoded. (A lane that fills
-    /// between the check and the push, which takes a race with another sender, refuses the
-    /// encoded message without handing it back.) Senders that can report a refusal to their
-    /// own caller, like sharding regions forwarding to a slow peer, use this.
+    /// is handed back: the lane is checked before the message is encoded, and a message the
+    /// full lane refuses once encoded (its byte bound, or another sender that filled it in
+    /// between) comes back too, unless it carried a [`ReplyTo`]: encoding takes the reply
+    /// channel out of it (the asker then gets its failure at once). Senders that can report
+    /// a refusal to their own caller, like sharding regions forwarding to a slow peer, use
+    /// this.
     pub fn try_send(&self, msg: M) -> Result<(), Refused<M>> {
         if self.peer.user_full() {
             self.node.counters.bump(
@@ -240,8 +256,14 @@ impl<M: Serialize + Send + 'static> RemoteRef<M> {
                 msg: Some(msg),
             });
         }
-        self.try_tell(msg)
-            .map_err(|error| Refused { error, msg: None })
+        match self.send_telling(&msg, false, |_| {}) {
+            Ok(_) => Ok(()),
+            Err((error @ SendError::QueueFull(_), false)) => Err(Refused {
+                error,
+                msg: Some(msg),
+            }),
+            Err((error, _)) => Err(Refused { error, msg: None }),
+        }
     }
 
     /// Queues `msg` on the peer's **control lane** instead of the user lane, or says why it

@@ -336,6 +336,15 @@ async fn the_outbound_queue_is_bounded_in_bytes() {
     ));
     assert_eq!(a.queued(&dead), 3);
     assert_eq!(a.stats().dropped_queue_full, 1);
+    // `try_send` hands a message the byte bound refused back (the lane is short of its frame
+    // bound, so only the push finds it full): a sharding fence refused so is sent again, not
+    // lost.
+    let refused = to.try_send(Blob(vec![2; 30 * 1024])).unwrap_err();
+    assert!(matches!(
+        refused.error,
+        shardik_remote::SendError::QueueFull(_)
+    ));
+    assert_eq!(refused.msg.map(|b| b.0), Some(vec![2; 30 * 1024]));
     // Small messages still fit in what is left.
     to.try_tell(Blob(vec![1; 1024])).unwrap();
     assert_eq!(a.queued(&dead), 4);

@@ -356,17 +356,18 @@ fn keep_beating(mut writer: tokio::net::tcp::OwnedWriteHalf) -> tokio::task::Joi
 #[derive(Serialize)]
 struct Big(Vec<u8>);
 
-/// A connection whose writer makes no progress for `idle_timeout` while it has frames to
-/// write is closed, although the peer keeps sending (heartbeats): what waits in the queue
+/// A connection whose writer makes no progress for `write_stall_timeout` while it has frames
+/// to write is closed, although the peer keeps sending (heartbeats): what waits in the queue
 /// then follows the reconnect rules. (Before, only what the node received was watched: a
 /// peer that sent heartbeats and never read held the writer in its write for good, and
 /// the queue behind it filled to its bound.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_whose_peer_reads_nothing_is_closed_after_the_idle_timeout() {
+async fn a_connection_whose_peer_reads_nothing_is_closed_after_the_stall_timeout() {
     let idle = Duration::from_secs(1);
     let (_sys_v, v) = node_with(
         config("v")
             .heartbeat(Duration::from_millis(100), idle)
+            .write_stall_timeout(idle)
             .socket_buffer(16 * 1024),
     )
     .await;
