@@ -25,7 +25,7 @@ use crate::handshake::{self, Local};
 use crate::handshake_slots::{
     HandshakeSlot, HandshakeSlots, Refused, MAX_PENDING, MAX_PENDING_PER_SOURCE,
 };
-use crate::peer::{ConnSlot, ConnectionInfo, Installed, Peer, Restarted};
+use crate::peer::{ConnSlot, ConnectionInfo, Installed, Peer, Predecessor, Restarted};
 use crate::registry::{LookupCache, Registry};
 use crate::replies::{self, AnswerFrom, Answered, Replies};
 use crate::stats::{should_log, Counters, RemoteEvent};
@@ -132,6 +132,9 @@ pub(crate) struct Node {
     handshake_failure_kinds: Mutex<HashMap<&'static str, u64>>,
     next_conn: AtomicU64,
     me: Weak<Node>,
+    /// Tests: which reader (connection id) waits for which replaced one's, now.
+    #[cfg(test)]
+    handover_waits: tokio::sync::watch::Sender<Vec<(u64, u64)>>,
 }
 
 impl Node {
@@ -153,6 +156,8 @@ impl Node {
             handshake_failure_kinds: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             me: me.clone(),
+            #[cfg(test)]
+            handover_waits: tokio::sync::watch::channel(Vec::new()).0,
         })
     }
 
@@ -1266,7 +1271,7 @@ struct Conn {
     stopped: DropGuard,
     /// The connections this one replaced, whose readers must have stopped before this one
     /// handles anything (see [`Installed::predecessors`](crate::peer::Installed)).
-    predecessors: Vec<CancellationToken>,
+    predecessors: Vec<Predecessor>,
 }
 
 /// Runs an established connection: a writer task, a heartbeat task, and the reader here.
@@ -1318,12 +1323,8 @@ async fn run_connection<R, W>(
     // a burst, before they look at their cancellation): what the peer sent on them came
     // before what it sends on this one, so this reader waits until they have stopped.
     // (Before, both ran at once, and a later message could overtake earlier ones.)
-    for before in &predecessors {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return,
-            _ = before.cancelled() => {}
-        }
+    if !wait_for_predecessors(&node, &peer, lane, id, &remote, &cancel, &predecessors).await {
+        return;
     }
     let idle = node.cfg.idle_timeout;
     let mut delayer: Option<Delayer> = None;
@@ -1433,6 +1434,72 @@ async fn run_connection<R, W>(
                 None => break,
             }
         }
+    }
+}
+
+/// Waits until the readers of `predecessors` have stopped, each at most until its deadline
+/// (a reader held longer, by a decoder that blocks, is given up with a rate-limited warning:
+/// order across that reconnect may break). False if connection `id` was cancelled meanwhile.
+async fn wait_for_predecessors(
+    node: &Node,
+    peer: &Peer,
+    lane: Lane,
+    id: u64,
+    remote: &NodeIdentity,
+    cancel: &CancellationToken,
+    predecessors: &[Predecessor],
+) -> bool {
+    let mut gave_up = Vec::new();
+    for before in predecessors {
+        #[cfg(test)]
+        let _waiting = HandoverWait::new(node, id, before.id);
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return false,
+            _ = before.stopped.cancelled() => {}
+            _ = tokio::time::sleep_until(before.deadline) => gave_up.push(before.id),
+        }
+    }
+    if !gave_up.is_empty() {
+        if let Some(n) = node.counters.bump_to_log(
+            &node.counters.handover_timeouts,
+            "shardik_remote_handover_timeouts_total",
+        ) {
+            tracing::warn!(
+                peer = %remote.node_id,
+                peer_addr = %peer.addr,
+                lane = lane.as_str(),
+                connection = id,
+                replaced = ?gave_up,
+                total = n,
+                "the reader of a replaced connection is still busy after idle_timeout (a decoder that blocks?); the new connection reads now: messages sent across this reconnect may be handled out of order"
+            );
+        }
+    }
+    true
+}
+
+/// Tests: the wait of a reader for a replaced one's, on [`Node::handover_waits`] while it lasts.
+#[cfg(test)]
+struct HandoverWait<'a>(&'a Node, (u64, u64));
+
+#[cfg(test)]
+impl<'a> HandoverWait<'a> {
+    fn new(node: &'a Node, id: u64, before: u64) -> Self {
+        node.handover_waits.send_modify(|w| w.push((id, before)));
+        HandoverWait(node, (id, before))
+    }
+}
+
+#[cfg(test)]
+impl Drop for HandoverWait<'_> {
+    fn drop(&mut self) {
+        let wait = self.1;
+        self.0.handover_waits.send_modify(|w| {
+            if let Some(i) = w.iter().position(|&e| e == wait) {
+                w.remove(i);
+            }
+        });
     }
 }
 

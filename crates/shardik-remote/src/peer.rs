@@ -57,6 +57,41 @@ struct LaneState {
     dialing: u32,
     /// When this lane's last connection ended, if none has been installed since.
     ended_at: Option<Instant>,
+    /// Connections replaced on this lane whose readers may still be handling frames, each
+    /// until when a successor waits for it: every connection installed on the lane waits
+    /// for all of them, not only for the one it replaced (which may itself have been
+    /// waiting, or have failed before it had a reader).
+    unstopped: Vec<Predecessor>,
+}
+
+impl LaneState {
+    /// Remembers the replaced connection `old` as one whose reader may still be running.
+    fn replaced(&mut self, old: ConnSlot, deadline: tokio::time::Instant) {
+        self.unstopped.push(Predecessor {
+            id: old.id,
+            stopped: old.stopped,
+            deadline,
+        });
+    }
+
+    /// The replaced connections whose readers may still be running and are still waited for.
+    fn unstopped(&mut self, now: tokio::time::Instant) -> &[Predecessor] {
+        self.unstopped
+            .retain(|p| !p.stopped.is_cancelled() && p.deadline > now);
+        &self.unstopped
+    }
+}
+
+/// A replaced connection whose reader a successor waits for.
+#[derive(Clone, Debug)]
+pub(crate) struct Predecessor {
+    /// Its connection id.
+    pub(crate) id: u64,
+    /// Its [`ConnSlot::stopped`].
+    pub(crate) stopped: CancellationToken,
+    /// Until when it is waited for (`idle_timeout` after it was replaced): a reader held
+    /// longer (a decoder that blocks) no longer holds up the connections after it.
+    pub(crate) deadline: tokio::time::Instant,
 }
 
 #[derive(Default)]
@@ -96,11 +131,12 @@ pub(crate) struct Installed {
     /// Lanes whose installed connection this one replaced (closed): their ends no longer
     /// find themselves installed, so the caller accounts for them here.
     pub(crate) replaced: Vec<Lane>,
-    /// The [`ConnSlot::stopped`] tokens of the connections this one replaced: its reader
-    /// handles nothing before they are all cancelled, so that what the peer sent on a
-    /// replaced connection and this node reads is never overtaken by what it sent later on
-    /// this one.
-    pub(crate) predecessors: Vec<CancellationToken>,
+    /// The connections replaced on this lane (or, by a restart, on any lane) whose readers
+    /// may still be running, the one this one replaced and those it was still waiting for:
+    /// its reader handles nothing before they have all stopped (or their deadline passed),
+    /// so that what the peer sent on a replaced connection and this node reads is never
+    /// overtaken by what it sent later on this one.
+    pub(crate) predecessors: Vec<Predecessor>,
 }
 
 /// One lane toward the peer: its queue, the dialer's wake-up and whether it is connected.
@@ -139,6 +175,9 @@ pub(crate) struct Peer {
     max_frame_len: usize,
     /// Heartbeats and heartbeat answers dropped for a full lane (for rate-limited logs).
     heartbeats_dropped: AtomicU64,
+    /// How long a new connection waits for the readers of those it replaced
+    /// (`RemoteConfig::idle_timeout`).
+    handover_limit: std::time::Duration,
     /// Ends this peer's dialers: cancelled when the node shuts down or forgets the peer.
     pub(crate) retired: CancellationToken,
 }
@@ -188,6 +227,7 @@ impl Peer {
             loopback: *node.addr == *addr,
             max_frame_len: node.cfg.max_frame_len,
             heartbeats_dropped: AtomicU64::new(0),
+            handover_limit: node.cfg.idle_timeout,
             retired: node.shutdown.child_token(),
             addr,
             node: Arc::downgrade(node),
@@ -418,6 +458,8 @@ impl Peer {
         let new = &slot.info.peer;
         let mut replaced = Vec::new();
         let mut predecessors = Vec::new();
+        let now = tokio::time::Instant::now();
+        let deadline = now + self.handover_limit;
         let restarted = match &st.remote {
             Some(r) if r.incarnation != new.incarnation => {
                 // Requests sent before the old incarnation's first connection ended went to
@@ -434,8 +476,11 @@ impl Peer {
                         old.cancel.cancel();
                         link.queue.release(old.id);
                         replaced.push(old.info.lane);
-                        predecessors.push(old.stopped);
+                        l.replaced(old, deadline);
                     }
+                    // The first connection to the new incarnation waits for every old
+                    // reader (the other lane's connection, for that lane's).
+                    predecessors.extend_from_slice(l.unstopped(now));
                     l.ended_at = None;
                     // No old writer takes frames any more (also not that of a connection
                     // that ended but has not released the lane yet): what waits goes to the
@@ -457,7 +502,10 @@ impl Peer {
         if let Some(old) = l.conn.take() {
             old.cancel.cancel();
             replaced.push(lane);
-            predecessors.push(old.stopped);
+            l.replaced(old, deadline);
+        }
+        if restarted.is_none() {
+            predecessors.extend_from_slice(l.unstopped(now));
         }
         l.ended_at = None;
         // From here on only this connection's writer takes the lane's frames: the replaced

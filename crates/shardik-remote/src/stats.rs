@@ -100,6 +100,10 @@ counters! {
     heartbeat_rtt_max_us,
     /// Latest heartbeat round trip on a control connection, in microseconds.
     heartbeat_rtt_last_us,
+    /// Connections that stopped waiting for the reader of a connection they replaced after
+    /// `idle_timeout` (a decoder that blocks held it): what the peer sent across that
+    /// reconnect may have been handled out of order.
+    handover_timeouts,
 }
 
 impl Counters {

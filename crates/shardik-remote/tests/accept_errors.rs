@@ -67,20 +67,26 @@ fn lower_descriptor_limit() -> Option<u64> {
     limit
 }
 
-/// Opens `/dev/null` until the process (or, first, the system) is out of descriptors.
-fn exhaust_descriptors(limit: u64) -> Vec<std::fs::File> {
+/// Opens `/dev/null` until the process is out of descriptors (EMFILE). `None` if the
+/// system's table ran out first (ENFILE): the descriptors are closed again at once, since
+/// holding them would make every other process on the host fail to open files, and the test
+/// is skipped (says so).
+fn exhaust_descriptors(limit: u64) -> Option<Vec<std::fs::File>> {
     let mut files = Vec::new();
     loop {
         match std::fs::File::open("/dev/null") {
             Ok(f) => files.push(f),
-            Err(e) => {
-                // EMFILE (the process's limit) or ENFILE (the system's table).
-                assert!(
-                    matches!(e.raw_os_error(), Some(23 | 24)),
-                    "EMFILE or ENFILE expected: {e}"
+            Err(e) if e.raw_os_error() == Some(24) => return Some(files),
+            Err(e) if e.raw_os_error() == Some(23) => {
+                let opened = files.len();
+                drop(files);
+                eprintln!(
+                    "skipped: the system's file table ran out (ENFILE) after {opened} \
+                     descriptors, before this process's limit of {limit}; released them"
                 );
-                return files;
+                return None;
             }
+            Err(e) => panic!("EMFILE expected: {e}"),
         }
         assert!(
             files.len() as u64 <= limit,
@@ -118,7 +124,9 @@ async fn out_of_descriptors_is_logged_rarely_and_retried_slowly() {
         .await
         .expect("remote starts");
 
-    let mut files = exhaust_descriptors(limit);
+    let Some(mut files) = exhaust_descriptors(limit) else {
+        return;
+    };
     // One descriptor for a client's socket; the node has none left to accept it with.
     files.pop();
     let client = tokio::net::TcpStream::connect(remote.addr())

@@ -415,6 +415,10 @@ struct Inner {
     version: u64,
     /// The version last sent to every member (after a change).
     pushed: u64,
+    /// A version of this node's entries found to need more chunks than the control queue
+    /// holds: never sent, so never announced either (members would ask for it every
+    /// interval).
+    unsendable: Option<u64>,
     local: BTreeMap<u64, LocalEntry>,
     /// Members that asked for this node's listing, not yet answered.
     requests: HashSet<UniqueAddress>,
@@ -424,6 +428,11 @@ struct Inner {
     /// Per origin, the version last asked of it and when: asked again only once a push
     /// interval passed, or for a newer version.
     asked: HashMap<UniqueAddress, (u64, std::time::Instant)>,
+    /// Per origin, the version of its listing last refused for being over this node's
+    /// [`Limits`] (a node with a larger `control_queue` or `max_frame_len`): not asked for
+    /// again, since the origin would send the same listing every interval, until it
+    /// announces a newer version.
+    refused: HashMap<UniqueAddress, u64>,
     limits: Limits,
     remote: HashMap<UniqueAddress, (u64, Vec<WireEntry>)>,
     /// Per origin, the chunks of the one version of its listing being put together (a newer
@@ -456,13 +465,32 @@ impl Inner {
         }
         let chunks = chunks.max(1);
         let limits = self.limits;
+        // Refused once, refused again: not asked for until a newer version is announced.
+        let taken = self.assemble(&from, version, chunk, chunks, entries, limits);
+        if taken.is_err() {
+            self.refused.insert(from, version);
+        }
+        taken
+    }
+
+    /// [`take`](Self::take) of a listing message within this node's limits from a live
+    /// origin holding no version as recent.
+    fn assemble(
+        &mut self,
+        from: &UniqueAddress,
+        version: u64,
+        chunk: u32,
+        chunks: u32,
+        entries: Vec<WireEntry>,
+        limits: Limits,
+    ) -> Result<bool, Refused> {
         if chunks > limits.max_chunks {
             if self
                 .assembling
-                .get(&from)
+                .get(from)
                 .is_some_and(|a| a.version <= version)
             {
-                self.assembling.remove(&from);
+                self.assembling.remove(from);
             }
             return Err(Refused {
                 reason: "too_many_chunks",
@@ -483,10 +511,10 @@ impl Inner {
         let entries = if chunks == 1 {
             if self
                 .assembling
-                .get(&from)
+                .get(from)
                 .is_some_and(|a| a.version <= version)
             {
-                self.assembling.remove(&from);
+                self.assembling.remove(from);
             }
             if bytes > limits.max_bytes {
                 return Err(too_large(bytes));
@@ -513,7 +541,7 @@ impl Inner {
             let replaced = a.parts.get(&chunk).map_or(0, |p| entry_bytes(p));
             let total = a.bytes - replaced + bytes;
             if total > limits.max_bytes {
-                self.assembling.remove(&from);
+                self.assembling.remove(from);
                 return Err(too_large(total));
             }
             a.bytes = total;
@@ -521,15 +549,13 @@ impl Inner {
             if a.parts.len() < chunks as usize {
                 return Ok(false);
             }
-            let a = self.assembling.remove(&from).expect("looked at above");
+            let a = self.assembling.remove(from).expect("looked at above");
             a.parts.into_values().flatten().collect()
         };
-        self.asked.remove(&from);
-        let changed = self
-            .remote
-            .get(&from)
-            .is_none_or(|(_, old)| *old != entries);
-        self.remote.insert(from, (version, entries));
+        self.asked.remove(from);
+        self.refused.remove(from);
+        let changed = self.remote.get(from).is_none_or(|(_, old)| *old != entries);
+        self.remote.insert(from.clone(), (version, entries));
         Ok(changed)
     }
 
@@ -541,6 +567,9 @@ impl Inner {
             return false;
         }
         if self.remote.get(from).is_some_and(|(v, _)| *v >= version) {
+            return false;
+        }
+        if self.refused.get(from).is_some_and(|v| *v >= version) {
             return false;
         }
         if self.asked.get(from).is_some_and(|(v, at)| {
@@ -884,6 +913,7 @@ fn prune(inner: &mut Inner, state: &ClusterState) -> bool {
     inner.remote.retain(|node, _| is_live(state, node));
     inner.assembling.retain(|node, _| is_live(state, node));
     inner.asked.retain(|node, _| is_live(state, node));
+    inner.refused.retain(|node, _| is_live(state, node));
     inner.requests.retain(|node| is_live(state, node));
     inner.served.retain(|node, _| is_live(state, node));
     inner.gone.retain(|node| state.member(node).is_some());
@@ -964,7 +994,8 @@ fn send(shared: &Shared, state: &ClusterState, tick: u64, announce: bool) {
     let (version, changed, requesters, chunks) = {
         let mut inner = shared.inner.lock();
         let version = inner.version;
-        if version == 1 {
+        // Nothing registered ever, or a listing too large to send: nothing to announce.
+        if version == 1 || inner.unsendable == Some(version) {
             inner.requests.clear();
             return;
         }
@@ -1002,9 +1033,13 @@ fn send(shared: &Shared, state: &ClusterState, tick: u64, announce: bool) {
                 chunks.len(),
                 inner.limits.max_chunks
             );
+            // Not announced either (before, its version went out every interval, and every
+            // member asked for a listing that could not be sent).
+            inner.unsendable = Some(version);
+            inner.requests.clear();
             drop(inner);
             push_failed(shared, &state.self_node, "too_many_chunks", &e);
-            (version, false, Vec::new(), Vec::new())
+            return;
         } else {
             (version, changed, requesters, chunks)
         }
@@ -1205,6 +1240,7 @@ fn forget(shared: &Shared, node: &UniqueAddress) {
         inner.gone.insert(node.clone());
         inner.assembling.remove(node);
         inner.asked.remove(node);
+        inner.refused.remove(node);
         inner.requests.remove(node);
         inner.served.remove(node);
         inner.remote.remove(node).is_some()
@@ -1563,6 +1599,82 @@ mod tests {
         );
         cluster.remote().shutdown().await;
         system.shutdown().await;
+    }
+
+    /// A listing refused for being over this node's limits (an origin with a larger
+    /// control queue or frame limit) is not asked for again: the origin would send it
+    /// every interval, refused every time; a newer version is asked for. (Before, every
+    /// version message an interval after the last request brought another request, and the
+    /// whole listing again.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_version_refused_as_over_the_limits_is_not_asked_for_again() {
+        let b = UniqueAddress::new("127.0.0.1:9", "b", 77);
+        // At most 4 chunks of 512 bytes: 2 048 bytes of entries.
+        let (system, cluster, receptionist) = node_with_member_and(&b, |mut c| {
+            c.remote = c.remote.max_frame_len(1024);
+            c.remote.control_queue = 4;
+            c
+        })
+        .await;
+        let chunk = |version: u64, chunk: u32, chunks: u32, key_len: usize| {
+            let mut l = listing(&b, version, &[format!("/system/receptionist/77/{chunk}")]);
+            l.entries[0].key = "k".repeat(key_len);
+            WireListing { chunk, chunks, ..l }
+        };
+        let now = std::time::Instant::now();
+        let later = now + Receptionist::PUSH_INTERVAL * 3;
+        let wants = |version: u64, at| receptionist.shared.inner.lock().wants(&b, version, at);
+        receive(&receptionist.shared, chunk(3, 0, 5, 1));
+        assert!(!wants(3, now), "refused: too many chunks");
+        assert!(!wants(3, later));
+        for i in 0..3 {
+            receive(&receptionist.shared, chunk(4, i, 4, 700));
+        }
+        assert!(!wants(4, later), "refused: too large");
+        assert!(wants(5, now), "a newer version is asked for");
+        cluster.remote().shutdown().await;
+        system.shutdown().await;
+    }
+
+    /// A listing needing more chunks than the control queue holds is not sent, and its
+    /// version is not announced either: no member asks for what cannot be sent. (Before,
+    /// the version went out every interval, and every member asked for it in vain.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_too_large_to_send_is_not_announced() {
+        let (peer_system, peer, b, mut rx) = peer_as_member().await;
+        let (system, cluster, receptionist) = node_with_member_and(&b, |mut c| {
+            c.remote = c.remote.max_frame_len(1024);
+            c.remote.control_queue = 2;
+            c
+        })
+        .await;
+        let sink = system.spawn(Sink);
+        for i in 0..8 {
+            let key = ServiceKey::<Ping>::new(format!("{i}{}", "k".repeat(200)));
+            receptionist.register(&key, sink.clone());
+        }
+        let chunks = chunked(
+            &receptionist.shared.inner.lock(),
+            cluster.self_node(),
+            chunk_budget(&cluster),
+        )
+        .len();
+        assert!(chunks > 2, "{chunks} chunks");
+        // An interval's version message, then a message of the test's own on the same lane:
+        // the latter is the first that `b` gets.
+        let state = cluster.shared.state.borrow().clone();
+        send(&receptionist.shared, &state, 0, true);
+        let to_b: RemoteRef<WireMsg> = cluster.remote().lookup(PATH, &b.address);
+        let marker = WireMsg::Request {
+            from: cluster.self_node().clone(),
+        };
+        to_b.try_tell_control(marker).unwrap();
+        let first = next(&mut rx).await;
+        assert!(matches!(first, WireMsg::Request { .. }), "{first:?} sent");
+        peer.shutdown().await;
+        cluster.remote().shutdown().await;
+        system.shutdown().await;
+        peer_system.shutdown().await;
     }
 
     /// A registration whose entry is larger than a chunk cannot be sent to the other nodes,

@@ -555,62 +555,185 @@ async fn errors_a_peer_can_cause_at_will_are_logged_rarely() {
     assert_eq!(lines.len(), 10, "{lines:#?}");
 }
 
+/// A decoder at `/user/seq` of `v` that records the numbers it decodes and reports each;
+/// it holds its reader on 1 until the test opens the gate (or drops it).
+struct Seq {
+    seen: Arc<Mutex<Vec<u64>>>,
+    /// Its reader holds on 1.
+    holding: mpsc::UnboundedReceiver<()>,
+    delivered: mpsc::UnboundedReceiver<u64>,
+    gate: std::sync::mpsc::Sender<()>,
+}
+
+impl Seq {
+    fn register(v: &Remote) -> Seq {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (holds, holding) = mpsc::unbounded_channel();
+        let (done, delivered) = mpsc::unbounded_channel();
+        let (gate, closed) = std::sync::mpsc::channel::<()>();
+        let closed = Mutex::new(closed);
+        let record = seen.clone();
+        v.register_decoder(
+            "/user/seq",
+            Arc::new(move |bytes: &[u8]| {
+                let n: u64 = rmp_serde::from_slice(bytes).map_err(|e| DecodeError::Payload {
+                    expected: "u64",
+                    detail: e.to_string(),
+                })?;
+                record.lock().push(n);
+                if n == 1 {
+                    let _ = holds.send(());
+                    // Until the test opens the gate, or ends (drops it).
+                    tokio::task::block_in_place(|| {
+                        let _ = closed.lock().recv();
+                    });
+                }
+                let _ = done.send(n);
+                Ok(())
+            }),
+        );
+        Seq {
+            seen,
+            holding,
+            delivered,
+            gate,
+        }
+    }
+
+    /// Waits until the readers of `v` wait for replaced ones exactly as in `waits` (reader's
+    /// connection id, replaced one's); fails if anything is delivered meanwhile.
+    async fn wait_handover(&mut self, v: &Remote, mut waits: Vec<(u64, u64)>) {
+        waits.sort_unstable();
+        let mut now = v.node.handover_waits.subscribe();
+        let reached = now.wait_for(|w| {
+            let mut w = w.clone();
+            w.sort_unstable();
+            w == waits
+        });
+        tokio::time::timeout(T, async {
+            tokio::select! {
+                r = reached => { r.unwrap(); }
+                n = self.delivered.recv() => panic!("{n:?} delivered while the old reader is held"),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("readers wait as in {waits:?}: {:?}", *now.borrow()));
+    }
+
+    /// Opens the gate, then waits until `last` is delivered; everything seen is in order.
+    async fn open_and_expect(&mut self, last: u64) {
+        let _ = self.gate.send(());
+        tokio::time::timeout(T, async {
+            while self.delivered.recv().await != Some(last) {}
+        })
+        .await
+        .expect("the later message is delivered");
+        let seen = self.seen.lock().clone();
+        assert!(
+            seen.windows(2).all(|w| w[0] < w[1]),
+            "out of order: {seen:?}"
+        );
+    }
+}
+
+fn seq(n: u64) -> Frame {
+    message("/user/seq", vec![], rmp_serde::to_vec(&n).unwrap())
+}
+
+/// The id the next connection of `v` gets.
+fn next_conn(v: &Remote) -> u64 {
+    v.node.next_conn.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A new connection of a peer on a lane, replacing the one it had, hands nothing on
 /// before the replaced connection's reader has stopped: what the peer sent on the old
 /// connection and this node reads is never overtaken by what it sent later on the new
-/// one. Here the old reader is held in a decoder (for up to a second) while the new
-/// connection comes up and brings a later message. (Before, the old reader went on with
-/// the frames it had buffered, up to 256, while the new one already delivered: a later
-/// message overtook earlier ones.)
+/// one. Here the old reader is held in a decoder while the new connection comes up and
+/// brings a later message; the test opens the gate once the new reader waits for the old
+/// one, having delivered nothing. (Before, the old reader went on with the frames it had
+/// buffered, up to 256, while the new one already delivered: a later message overtook
+/// earlier ones.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_replaces_another_delivers_only_after_it() {
     const LATER: u64 = 1_000;
     let (_sys, v) = node("v").await;
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let (handling, mut first) = mpsc::unbounded_channel();
-    let (done, mut delivered) = mpsc::unbounded_channel();
-    let (open, gate) = std::sync::mpsc::channel::<()>();
-    let (gate, open) = (Mutex::new(gate), Mutex::new(open));
-    let record = seen.clone();
-    v.register_decoder(
-        "/user/seq",
-        Arc::new(move |bytes: &[u8]| {
-            let n: u64 = rmp_serde::from_slice(bytes).map_err(|e| DecodeError::Payload {
-                expected: "u64",
-                detail: e.to_string(),
-            })?;
-            record.lock().push(n);
-            if n == 1 {
-                let _ = handling.send(());
-                tokio::task::block_in_place(|| {
-                    let _ = gate.lock().recv_timeout(Duration::from_secs(1));
-                });
-            }
-            if n == LATER {
-                let _ = open.lock().send(());
-            }
-            let _ = done.send(n);
-            Ok(())
-        }),
-    );
-    let seq = |n: u64| message("/user/seq", vec![], rmp_serde::to_vec(&n).unwrap());
+    let mut s = Seq::register(&v);
     let me = identity("sender");
+    let a = next_conn(&v);
     let mut old = RawPeer::connect(&v, me.clone()).await;
     old.send(&(1..=50).map(seq).collect::<Vec<_>>()).await;
-    tokio::time::timeout(T, first.recv())
+    tokio::time::timeout(T, s.holding.recv())
         .await
         .unwrap()
         .unwrap();
     // The same node's new connection on the same lane replaces the old one.
+    let b = next_conn(&v);
     let mut new = RawPeer::connect(&v, me).await;
     new.send(&[seq(LATER)]).await;
-    tokio::time::timeout(T, async { while delivered.recv().await != Some(LATER) {} })
+    s.wait_handover(&v, vec![(b, a)]).await;
+    assert_eq!(*s.seen.lock(), [1]);
+    s.open_and_expect(LATER).await;
+    drop(old);
+}
+
+/// The wait carries down a chain of replacements: a connection that replaces one still
+/// waiting for its own predecessor waits for that predecessor too. (Before, the waiting
+/// connection, cancelled, stopped waiting and so released its successor, which delivered
+/// while the first reader was still held.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_waits_for_every_reader_before_it() {
+    const LATER: u64 = 1_000;
+    let (_sys, v) = node("v").await;
+    let mut s = Seq::register(&v);
+    let me = identity("sender");
+    let a = next_conn(&v);
+    let mut first = RawPeer::connect(&v, me.clone()).await;
+    first.send(&(1..=50).map(seq).collect::<Vec<_>>()).await;
+    tokio::time::timeout(T, s.holding.recv())
         .await
-        .expect("the later message is delivered");
-    let seen = seen.lock().clone();
-    assert!(
-        seen.windows(2).all(|w| w[0] < w[1]),
-        "out of order: {seen:?}"
+        .unwrap()
+        .unwrap();
+    let b = next_conn(&v);
+    let _second = RawPeer::connect(&v, me.clone()).await;
+    s.wait_handover(&v, vec![(b, a)]).await;
+    let c = next_conn(&v);
+    let mut third = RawPeer::connect(&v, me).await;
+    third.send(&[seq(LATER)]).await;
+    // The second reader, replaced, no longer waits; the third waits for the first.
+    s.wait_handover(&v, vec![(c, a)]).await;
+    assert_eq!(*s.seen.lock(), [1]);
+    s.open_and_expect(LATER).await;
+    drop(first);
+}
+
+/// A reader held longer than `idle_timeout` (a decoder that blocks) holds up the
+/// connection that replaced it no longer than that: it then reads, with a warning and a
+/// count. (Before, it waited as long as the decoder blocked, for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_waits_for_a_held_reader_at_most_idle_timeout() {
+    const LATER: u64 = 1_000;
+    let logs = captured_logs();
+    let cfg = config("v-held").heartbeat(Duration::from_millis(100), Duration::from_millis(300));
+    let (_sys, v) = node_with(cfg).await;
+    let mut s = Seq::register(&v);
+    let me = identity("held-sender");
+    let mut old = RawPeer::connect(&v, me.clone()).await;
+    old.send(&(1..=50).map(seq).collect::<Vec<_>>()).await;
+    tokio::time::timeout(T, s.holding.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut new = RawPeer::connect(&v, me).await;
+    new.send(&[seq(LATER)]).await;
+    let got = tokio::time::timeout(T, s.delivered.recv()).await;
+    assert_eq!(
+        got.expect("delivered while the old reader is held"),
+        Some(LATER)
     );
+    assert_eq!(*s.seen.lock(), [1, LATER]);
+    assert_eq!(v.stats().handover_timeouts, 1);
+    let lines = log_lines(&logs, &["held-sender", "out of order"]);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let _ = s.gate.send(());
     drop(old);
 }
