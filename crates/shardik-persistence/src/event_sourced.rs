@@ -324,12 +324,17 @@ fn snapshot_ahead(pid: &str, snapshot: u64, highest: u64) -> PersistenceError {
 }
 
 /// The writer incarnation above `current` (the newest that wrote a stream or state), or an
-/// error if `current` is corrupt (see [`corrupt_number`]) and has none.
+/// error if `current` is corrupt (see [`corrupt_number`]) or the highest a store keeps
+/// ([`MAX_INCARNATION`](crate::rules::MAX_INCARNATION)), and has none.
 pub(crate) fn writer_above(pid: &str, current: Incarnation) -> Result<Incarnation, StoreError> {
     match current.checked_add(1) {
-        Some(next) if !corrupt_number(current) => Ok(next),
-        _ => Err(StoreError::Backend(format!(
+        Some(next) if !corrupt_number(next) => Ok(next),
+        _ if corrupt_number(current) => Err(StoreError::Backend(format!(
             "the stored writer incarnation {current} of {pid} is corrupt: no writer can follow it"
+        ))),
+        _ => Err(StoreError::Backend(format!(
+            "the stored writer incarnation {current} of {pid} is the highest a store keeps \
+             (i64::MAX): no writer can follow it"
         ))),
     }
 }
@@ -415,5 +420,28 @@ impl<B: EventSourced> std::fmt::Debug for EventSourcedEntity<B> {
             .field("persistence_id", &self.persistence_id)
             .field("seq_nr", &self.seq_nr)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored writer no writer can follow fails the takeover with an error naming it: a
+    /// corrupt one (a stored negative number, read back above `i64::MAX`) and `i64::MAX`, the
+    /// highest a store keeps (its follower would be stored negative; until 2026-11-30 it was
+    /// returned).
+    #[test]
+    fn writer_above_stays_within_what_a_store_keeps() {
+        assert_eq!(writer_above("p", 5), Ok(6));
+        assert_eq!(writer_above("p", i64::MAX as u64 - 1), Ok(i64::MAX as u64));
+        let why = |current| match writer_above("p", current) {
+            Err(StoreError::Backend(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(why(i64::MAX as u64).contains("is the highest a store keeps"));
+        for corrupt in [i64::MAX as u64 + 1, u64::MAX - 1, u64::MAX] {
+            assert!(why(corrupt).contains(&format!("{corrupt} of p is corrupt")));
+        }
     }
 }

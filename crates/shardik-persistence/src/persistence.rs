@@ -49,6 +49,13 @@ impl Persistence {
     }
 
     /// Sets the incarnation written with every event and state.
+    ///
+    /// It must not be above `i64::MAX` (SQLite and PostgreSQL keep signed 64-bit numbers):
+    /// every write with such a writer is refused with a [`StoreError::Backend`] naming it, on
+    /// every backend. An incarnation of `i64::MAX` is written, but no other node can take a
+    /// stream it wrote over (there is no writer above it).
+    ///
+    /// [`StoreError::Backend`]: crate::StoreError::Backend
     pub fn with_incarnation(mut self, incarnation: Incarnation) -> Self {
         self.incarnation = incarnation;
         self

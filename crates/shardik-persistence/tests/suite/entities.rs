@@ -163,10 +163,11 @@ pub async fn entity_with_a_snapshot_ahead_of_the_journal_does_not_recover<S: Sto
 
 /// Numbers that no write can follow, as a stored -1 or -2 reads on SQLite and PostgreSQL
 /// (here written through the store as `u64::MAX` and `u64::MAX - 1`): a snapshot's sequence
-/// number fails recovery, a stream's or a durable state's newest writer fails the write, each
-/// with an error naming the value, instead of an overflow (a panic, or a wrapped number in a
-/// release build) or a write above it (which SQLite and PostgreSQL store as -1: at -2 the
-/// writer check let it through until 2026-12-01).
+/// number fails recovery with an error naming the value, instead of an overflow (a panic, or
+/// a wrapped number in a release build). A stream's or a durable state's newest writer at
+/// `i64::MAX`, the highest a store keeps, fails the next owner's takeover with an error
+/// naming it, instead of a write as `i64::MAX + 1` (which SQLite and PostgreSQL would store
+/// as a negative, corrupt number; until 2026-11-30).
 pub async fn corrupt_stored_numbers_fail_with_an_error<S: Store>(store: Arc<S>) {
     let settings = PersistSettings::default;
     let p = persistence(store.clone());
@@ -186,32 +187,72 @@ pub async fn corrupt_stored_numbers_fail_with_an_error<S: Store>(store: Arc<S>) 
             why.contains(&format!("sequence number {corrupt} is corrupt")),
             "{why}"
         );
+    }
 
-        let pid = format!("acc-corrupt-writer-{n}");
-        store.append(append(&pid, 0, corrupt, &[4])).await.unwrap();
-        let props = p.event_sourced_props(&pid, settings(), || Bank);
-        let why = first_failure(props, |r| AccountCmd::Deposit(1, r)).await;
-        assert!(
-            why.contains(&format!("writer incarnation {corrupt} of {pid} is corrupt")),
-            "{why}"
-        );
-        assert_eq!(amounts(&*store, &pid, 1).await, [(1, 4)]);
+    let top = i64::MAX as u64;
+    let highest =
+        |pid: &str| format!("writer incarnation {top} of {pid} is the highest a store keeps");
+    let pid = "acc-top-writer";
+    store.append(append(pid, 0, top, &[4])).await.unwrap();
+    let props = p.event_sourced_props(pid, settings(), || Bank);
+    let why = first_failure(props, |r| AccountCmd::Deposit(1, r)).await;
+    assert!(why.contains(&highest(pid)), "{why}");
+    assert_eq!(amounts(&*store, pid, 1).await, [(1, 4)]);
 
-        let pid = format!("counter-corrupt-writer-{n}");
+    let pid = "counter-top-writer";
+    let write = StateWrite {
+        persistence_id: pid.to_string(),
+        expected_revision: 0,
+        writer: top,
+        payload: Payload::encode(&Count { value: 4 }).unwrap(),
+    };
+    assert_eq!(store.upsert(write).await, Ok(1));
+    let props = p.durable_state_props(pid, settings(), || Counter);
+    let why = first_failure(props, |r| CounterCmd::Add(1, r)).await;
+    assert!(why.contains(&highest(pid)), "{why}");
+    assert_eq!(store.get(pid).await.unwrap().unwrap().revision, 1);
+}
+
+/// A writer incarnation above `i64::MAX` (a `Persistence::with_incarnation` of any `u64`)
+/// is refused at write time with an error naming it, on every write path, and nothing is
+/// stored. Found by a review on 2026-11-30: it was stored (negative in SQLite and
+/// PostgreSQL), read back as corrupt, and the next owner's takeover of the stream failed.
+pub async fn writers_above_i64_max_are_refused<S: Store>(store: Arc<S>) {
+    let settings = PersistSettings::default;
+    for (n, writer) in [i64::MAX as u64 + 1, u64::MAX].into_iter().enumerate() {
+        let above = |pid: &str| format!("writer incarnation {writer} of {pid} is above");
+        let pid = format!("acc-big-writer-{n}");
+        let why = store
+            .append(append(&pid, 0, writer, &[4]))
+            .await
+            .unwrap_err();
+        assert!(why.to_string().contains(&above(&pid)), "{why}");
+        assert_eq!(store.highest_seq_nr(&pid).await, Ok(0));
+
+        let pid = format!("counter-big-writer-{n}");
         let write = StateWrite {
             persistence_id: pid.clone(),
             expected_revision: 0,
-            writer: corrupt,
+            writer,
             payload: Payload::encode(&Count { value: 4 }).unwrap(),
         };
-        assert_eq!(store.upsert(write).await, Ok(1));
+        let why = store.upsert(write).await.unwrap_err();
+        assert!(why.to_string().contains(&above(&pid)), "{why}");
+        assert_eq!(store.get(&pid).await.unwrap(), None);
+
+        // Entities of a node whose incarnation is that high.
+        let p = persistence(store.clone()).with_incarnation(writer);
+        let pid = format!("acc-big-incarnation-{n}");
+        let props = p.event_sourced_props(&pid, settings(), || Bank);
+        let why = first_failure(props, |r| AccountCmd::Deposit(1, r)).await;
+        assert!(why.contains(&above(&pid)), "{why}");
+        assert_eq!(store.highest_seq_nr(&pid).await, Ok(0));
+
+        let pid = format!("counter-big-incarnation-{n}");
         let props = p.durable_state_props(&pid, settings(), || Counter);
         let why = first_failure(props, |r| CounterCmd::Add(1, r)).await;
-        assert!(
-            why.contains(&format!("writer incarnation {corrupt} of {pid} is corrupt")),
-            "{why}"
-        );
-        assert_eq!(store.get(&pid).await.unwrap().unwrap().revision, 1);
+        assert!(why.contains(&above(&pid)), "{why}");
+        assert_eq!(store.get(&pid).await.unwrap(), None);
     }
 }
 

@@ -48,6 +48,7 @@ macro_rules! store_suite {
                 entity_with_missing_events_does_not_recover,
                 entity_with_a_snapshot_ahead_of_the_journal_does_not_recover,
                 corrupt_stored_numbers_fail_with_an_error,
+                writers_above_i64_max_are_refused,
                 a_type_name_with_the_separator_is_refused,
                 entity_conflict_is_not_acknowledged,
                 older_node_takes_a_stream_over_and_fences_the_previous_owner,
