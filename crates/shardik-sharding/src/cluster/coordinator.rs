@@ -754,21 +754,32 @@ impl Active {
             .chain(self.coord.live_regions())
             .cloned()
             .collect();
-        for region in regions {
-            let Some(node) = region_node(&region) else {
-                continue;
-            };
-            // A node a failure detector flagged may have crashed: no new shard goes there
-            // until it is reachable again (its shards stay until it is down or left). A gone
-            // node counts as flagged: removed without this view seeing it `Down`, it drops
-            // out of `state.unreachable`, and fed reachable here (which drives the leaves)
-            // it could be picked as a leave target before `RegionGone` below.
-            let flagged = is_flagged(state, &node);
+        let regions: Vec<(RegionId, UniqueAddress)> = regions
+            .into_iter()
+            .filter_map(|region| region_node(&region).map(|node| (region, node)))
+            .collect();
+        // A node a failure detector flagged may have crashed: no new shard goes there until
+        // it is reachable again (its shards stay until it is down or left). A gone node
+        // counts as flagged: removed without this view seeing it `Down`, it drops out of
+        // `state.unreachable`, and fed reachable (which drives the leaves) it could be picked
+        // as a leave target before `RegionGone` below. Every region newly flagged is fed
+        // before any region reachable again: a `RegionReachable` drives the leaves at once,
+        // which must not pick a region gone in the same update but not fed as flagged yet
+        // (review on 2026-11-30).
+        let mut reachable_again = Vec::new();
+        for (region, node) in &regions {
+            let flagged = is_flagged(state, node);
             if flagged && self.fed_unreachable.insert(region.clone()) {
                 self.input(ctx, Input::RegionUnreachable(region.clone()));
-            } else if !flagged && self.fed_unreachable.remove(&region) {
-                self.input(ctx, Input::RegionReachable(region.clone()));
+            } else if !flagged && self.fed_unreachable.contains(region) {
+                reachable_again.push(region.clone());
             }
+        }
+        for region in reachable_again {
+            self.fed_unreachable.remove(&region);
+            self.input(ctx, Input::RegionReachable(region));
+        }
+        for (region, node) in regions {
             if never_seen(state, &node, seen) {
                 let since = match self.unseen_since.get(&region) {
                     Some(since) => *since,

@@ -442,7 +442,7 @@ where
     /// [`ShardFn::fingerprint`]: crate::ShardFn::fingerprint
     fn same_shard_here(&self, env: &Envelope<M>, from: &RegionId) -> bool {
         let here = self.local.shard_of(&env.entity_id);
-        if here == env.shard {
+        if !maps_differently(self.shard_count, env.shard, here) {
             return true;
         }
         let now = self.coarse_now_ms().max(1);
@@ -1307,5 +1307,28 @@ where
 
     fn passivate(&self, id: &str) -> bool {
         self.local.passivate(id)
+    }
+}
+
+/// Whether a peer's message for shard `sent`, whose entity this node's shard function puts in
+/// shard `here`, shows that the two nodes map entity ids differently. A shard outside this
+/// node's `shard_count` is not that: the peer has another shard count, and the state machine
+/// hands such a message back as [`SendError::BadShard`] (dead letter "another shard count").
+fn maps_differently(shard_count: u32, sent: ShardId, here: ShardId) -> bool {
+    sent < shard_count && sent != here
+}
+
+#[cfg(test)]
+mod tests {
+    use super::maps_differently;
+
+    /// Found by a review on 2026-11-30: a peer with another shard count was logged as one
+    /// with another shard function, and its messages never reached the `BadShard` path.
+    #[test]
+    fn an_out_of_range_shard_is_another_shard_count_not_another_shard_function() {
+        assert!(!maps_differently(8, 999, 3));
+        assert!(!maps_differently(8, 8, 3));
+        assert!(maps_differently(8, 5, 3));
+        assert!(!maps_differently(8, 3, 3));
     }
 }

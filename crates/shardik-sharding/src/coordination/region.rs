@@ -781,6 +781,17 @@ impl<M> RegionState<M> {
                 for shard in hosted {
                     self.begin_stop(shard, None, None, out);
                 }
+                // Shards already stopping stay stopped: a home given before the refusal
+                // (possibly this region) no longer counts.
+                for slot in self.slots.values_mut() {
+                    if let Slot::Owner {
+                        phase: OwnerPhase::Stopping { next_home, .. },
+                        ..
+                    } = slot
+                    {
+                        *next_home = None;
+                    }
+                }
             }
             ToRegion::StaleEpoch { epoch } => {
                 if epoch > self.epoch && self.refused.is_none() {
@@ -911,6 +922,22 @@ impl<M> RegionState<M> {
     }
 
     fn on_home(&mut self, shard: ShardId, region: RegionId, out: &mut Vec<RegionAction<M>>) {
+        if self.refused.is_some() {
+            // A refused region hosts nothing (its shards stopped at the refusal) and every
+            // send fails, so no home counts: starting a shard here again would bring its
+            // remembered entities back as a second incarnation.
+            match self.slots.get_mut(&shard) {
+                Some(Slot::Owner {
+                    phase: OwnerPhase::Stopping { next_home, .. },
+                    ..
+                }) => *next_home = None,
+                Some(Slot::Local) | Some(Slot::Owner { .. }) => {
+                    self.begin_stop(shard, None, None, out)
+                }
+                _ => {}
+            }
+            return;
+        }
         let mine = region == self.id;
         match self.slots.get_mut(&shard) {
             Some(Slot::Local) if mine => {}

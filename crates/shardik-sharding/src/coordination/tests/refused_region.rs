@@ -85,3 +85,55 @@ fn what_the_refused_regions_entities_had_not_handled_is_handed_back() {
     assert_eq!(refused_payloads(&out), vec![1, 2], "{out:?}");
     assert_eq!(reg.buffered(), 0);
 }
+
+/// A shard stopping when the refusal comes, whose coordinator had homed it back here (the
+/// stop's `next_home` is this region), stays stopped: a refused region never hosts a shard
+/// again (the IO layer would restart its remembered entities as a second incarnation).
+/// Found by a review on 2026-11-30: the stop's end started the shard here again.
+#[test]
+fn a_shard_stopping_at_the_refusal_is_not_hosted_here_again() {
+    let mut reg = registered("a", &[(1, "a")]);
+    // The coordinator moves shard 1 to `b`, then back here while it stops.
+    let out = shard_1_home(&mut reg, 0, "b");
+    assert!(out.contains(&RegionAction::StopShard(1)), "{out:?}");
+    shard_1_home(&mut reg, 0, "a");
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::CoordinatorChanged, &mut out);
+    from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterRefused {
+            epoch: 2,
+            error: RegisterError::Downed(r("a")),
+            attempt: 2,
+        },
+    );
+    let mut out = Vec::new();
+    reg.handle(0, RegionInput::ShardStopped(1), &mut out);
+    assert!(!out.contains(&RegionAction::StartShard(1)), "{out:?}");
+    assert!(reg.hosted_shards().is_empty());
+    // A message for the shard is refused, not delivered.
+    let mut out = Vec::new();
+    let msg = PeerMsg::Deliver(env("x", 1, 1));
+    reg.handle(0, RegionInput::FromPeer { from: r("b"), msg }, &mut out);
+    assert_eq!(refused_payloads(&out), vec![1], "{out:?}");
+}
+
+/// A `ShardHome` naming this region that reaches it after the refusal (the refusing
+/// coordinator's epoch, sent before it learned of the refusal) hosts nothing either.
+#[test]
+fn a_home_after_the_refusal_hosts_nothing() {
+    let mut reg = registered("a", &[(1, "b")]);
+    from_coord(
+        &mut reg,
+        0,
+        ToRegion::RegisterRefused {
+            epoch: 1,
+            error: RegisterError::Downed(r("a")),
+            attempt: 1,
+        },
+    );
+    let out = shard_1_home(&mut reg, 0, "a");
+    assert!(!out.contains(&RegionAction::StartShard(1)), "{out:?}");
+    assert!(reg.hosted_shards().is_empty());
+}
