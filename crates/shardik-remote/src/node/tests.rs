@@ -645,6 +645,19 @@ fn next_conn(v: &Remote) -> u64 {
     v.node.next_conn.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// A connection of peer `me` to `v` whose reader is held in `s`'s decoder on message 1 (of
+/// 50 sent), and its connection id.
+async fn a_held_reader(v: &Remote, s: &mut Seq, me: &NodeIdentity) -> (u64, RawPeer) {
+    let id = next_conn(v);
+    let mut held = RawPeer::connect(v, me.clone()).await;
+    held.send(&(1..=50).map(seq).collect::<Vec<_>>()).await;
+    tokio::time::timeout(T, s.holding.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    (id, held)
+}
+
 /// A new connection of a peer on a lane, replacing the one it had, hands nothing on
 /// before the replaced connection's reader has stopped: what the peer sent on the old
 /// connection and this node reads is never overtaken by what it sent later on the new
@@ -659,13 +672,7 @@ async fn a_connection_that_replaces_another_delivers_only_after_it() {
     let (_sys, v) = node("v").await;
     let mut s = Seq::register(&v);
     let me = identity("sender");
-    let a = next_conn(&v);
-    let mut old = RawPeer::connect(&v, me.clone()).await;
-    old.send(&(1..=50).map(seq).collect::<Vec<_>>()).await;
-    tokio::time::timeout(T, s.holding.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let (a, old) = a_held_reader(&v, &mut s, &me).await;
     // The same node's new connection on the same lane replaces the old one.
     let b = next_conn(&v);
     let mut new = RawPeer::connect(&v, me).await;
@@ -686,13 +693,7 @@ async fn a_replacement_waits_for_every_reader_before_it() {
     let (_sys, v) = node("v").await;
     let mut s = Seq::register(&v);
     let me = identity("sender");
-    let a = next_conn(&v);
-    let mut first = RawPeer::connect(&v, me.clone()).await;
-    first.send(&(1..=50).map(seq).collect::<Vec<_>>()).await;
-    tokio::time::timeout(T, s.holding.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let (a, first) = a_held_reader(&v, &mut s, &me).await;
     let b = next_conn(&v);
     let _second = RawPeer::connect(&v, me.clone()).await;
     s.wait_handover(&v, vec![(b, a)]).await;
@@ -717,12 +718,7 @@ async fn a_replacement_waits_for_a_held_reader_at_most_idle_timeout() {
     let (_sys, v) = node_with(cfg).await;
     let mut s = Seq::register(&v);
     let me = identity("held-sender");
-    let mut old = RawPeer::connect(&v, me.clone()).await;
-    old.send(&(1..=50).map(seq).collect::<Vec<_>>()).await;
-    tokio::time::timeout(T, s.holding.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let (_, old) = a_held_reader(&v, &mut s, &me).await;
     let mut new = RawPeer::connect(&v, me).await;
     new.send(&[seq(LATER)]).await;
     let got = tokio::time::timeout(T, s.delivered.recv()).await;
