@@ -332,6 +332,13 @@ impl RemoteConfig {
         if self.heartbeat_interval.is_zero() || self.idle_timeout <= self.heartbeat_interval {
             return Err("idle_timeout must exceed a positive heartbeat_interval".into());
         }
+        if self.write_stall_timeout <= self.heartbeat_interval {
+            // A write that would block for a moment would close the connection.
+            return Err(format!(
+                "write_stall_timeout ({:?}) must exceed heartbeat_interval ({:?})",
+                self.write_stall_timeout, self.heartbeat_interval
+            ));
+        }
         if self.secret.as_ref().is_some_and(|s| s.is_empty()) {
             // An empty key proves nothing: it would admit nodes that have no secret at all.
             return Err(
@@ -392,6 +399,20 @@ mod tests {
         }
         let none = format!("{:?}", RemoteConfig::new("prod", "node-1"));
         assert!(none.contains("secret: None"), "{none}");
+    }
+
+    /// A stall timeout a short blocking write would trip is refused.
+    #[test]
+    fn a_write_stall_timeout_within_a_heartbeat_is_refused() {
+        for t in [Duration::ZERO, Duration::from_secs(1)] {
+            let e = RemoteConfig::new("c", "n")
+                .write_stall_timeout(t)
+                .validate()
+                .unwrap_err();
+            assert!(e.contains("write_stall_timeout"), "{e}");
+        }
+        let ok = RemoteConfig::new("c", "n").write_stall_timeout(Duration::from_secs(2));
+        assert_eq!(ok.validate(), Ok(()));
     }
 
     /// A node id other nodes would refuse in the handshake is refused at start.

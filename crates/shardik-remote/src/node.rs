@@ -1731,7 +1731,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                         lane = lane.as_str(),
                         ?stall,
                         total = n,
-                        "the peer has read nothing we wrote for the idle timeout; closing the connection"
+                        "the peer has read nothing we wrote for write_stall_timeout; closing the connection"
                     );
                 }
                 cancel.cancel();

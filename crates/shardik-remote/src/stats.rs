@@ -61,7 +61,7 @@ counters! {
     /// Connections closed for a protocol violation (oversized frame, i/o error mid-frame,
     /// handshake frames after the handshake).
     connections_rejected,
-    /// Connections closed because their writer made no progress for `idle_timeout` while
+    /// Connections closed because their writer made no progress for `write_stall_timeout` while
     /// it had frames to write: the peer read nothing (although it may have kept sending).
     write_stalls,
     /// Dials of a peer that failed (no connection, or no handshake), per lane and attempt;
