@@ -85,7 +85,8 @@ pub struct RemoteConfig {
     /// write (the peer reads nothing, although it may keep sending) is closed (default
     /// 60 s). Longer than `idle_timeout` because the kernel reports a socket writable only
     /// once a third of its send buffer has drained: on a slow link with a large (autotuned)
-    /// buffer that can take many seconds while bytes flow all along.
+    /// buffer that can take many seconds while bytes flow all along. At least
+    /// [`MIN_WRITE_STALL`](Self::MIN_WRITE_STALL) (1 s).
     pub write_stall_timeout: Duration,
     /// A reply slot exported in a message (a `ReplyTo`) is forgotten after this long without
     /// an answer (default 10 min, at least 1 s); asks forget theirs at their own timeout,
@@ -174,6 +175,10 @@ impl RemoteConfig {
     /// The longest any of the configuration's durations may be (one year); `Remote::start`
     /// refuses a longer one.
     pub const MAX_DURATION: Duration = Duration::from_secs(365 * 86_400);
+
+    /// The shortest [`write_stall_timeout`](Self::write_stall_timeout) `Remote::start`
+    /// accepts: below it, a write that blocks for a moment would close its connection.
+    pub const MIN_WRITE_STALL: Duration = Duration::from_secs(1);
 
     /// A configuration for node `node_id` in cluster `cluster`, listening on `127.0.0.1:0`,
     /// with no secret and the defaults above. The cluster comes first, as in
@@ -332,11 +337,12 @@ impl RemoteConfig {
         if self.heartbeat_interval.is_zero() || self.idle_timeout <= self.heartbeat_interval {
             return Err("idle_timeout must exceed a positive heartbeat_interval".into());
         }
-        if self.write_stall_timeout <= self.heartbeat_interval {
+        if self.write_stall_timeout < Self::MIN_WRITE_STALL {
             // A write that would block for a moment would close the connection.
             return Err(format!(
-                "write_stall_timeout ({:?}) must exceed heartbeat_interval ({:?})",
-                self.write_stall_timeout, self.heartbeat_interval
+                "write_stall_timeout ({:?}) must be at least {:?}",
+                self.write_stall_timeout,
+                Self::MIN_WRITE_STALL
             ));
         }
         if self.secret.as_ref().is_some_and(|s| s.is_empty()) {
@@ -403,16 +409,20 @@ mod tests {
 
     /// A stall timeout a short blocking write would trip is refused.
     #[test]
-    fn a_write_stall_timeout_within_a_heartbeat_is_refused() {
-        for t in [Duration::ZERO, Duration::from_secs(1)] {
+    fn a_write_stall_timeout_under_a_second_is_refused() {
+        for t in [Duration::ZERO, Duration::from_millis(999)] {
             let e = RemoteConfig::new("c", "n")
                 .write_stall_timeout(t)
                 .validate()
                 .unwrap_err();
             assert!(e.contains("write_stall_timeout"), "{e}");
         }
-        let ok = RemoteConfig::new("c", "n").write_stall_timeout(Duration::from_secs(2));
+        let ok = RemoteConfig::new("c", "n").write_stall_timeout(Duration::from_secs(1));
         assert_eq!(ok.validate(), Ok(()));
+        // Independent of the heartbeat: a slow heartbeat keeps the default valid.
+        let slow = RemoteConfig::new("c", "n")
+            .heartbeat(Duration::from_secs(60), Duration::from_secs(180));
+        assert_eq!(slow.validate(), Ok(()));
     }
 
     /// A node id other nodes would refuse in the handshake is refused at start.
